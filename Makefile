@@ -1,0 +1,31 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# On these machines torch==2.13.0 resolves to the CPU wheel on local disk; override for others.
+TORCH_SPEC ?= torch==2.13.0
+NNODES ?= 64
+
+.PHONY: setup demo test lint bench clean
+
+$(BIN)/neuronabox: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/neuronabox
+
+demo: setup
+	$(BIN)/neuronabox torchrun --nnodes $(NNODES) --nproc-per-node 1 examples/train_ddp.py --steps 5
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python scripts/bench_allreduce.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,43 @@
+"""What the launcher tells the controller about the run (one JSON document)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ControllerConfig:
+    nnodes: int
+    nproc_per_node: int
+    real_nodes: list[int]
+    master_addr: str
+    master_port: int
+    run_id: str
+    lazy: bool
+    gloo_host: str = "127.0.0.2"
+    control_host: str = "127.0.0.1"
+    store_timeout_s: float = 300.0
+    ready_file: str = ""
+    trace_file: str = ""
+    observer: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def real_ranks(self) -> list[int]:
+        p = self.nproc_per_node
+        return [n * p + i for n in sorted(self.real_nodes) for i in range(p)]
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.nproc_per_node
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: str) -> ControllerConfig:
+        return cls(**json.loads(text))

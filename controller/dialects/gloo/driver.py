@@ -1,0 +1,253 @@
+"""The socket side of the Gloo dialect: one selector loop, one listener, many pairs.
+
+The controller dials real ranks (its listener address compares larger, see
+`wire.dialer_is_local`) and also accepts, routing incoming sockets by the
+8-byte sequence number the dialer writes first. Bytes go through each pair's
+`GlooPair` machine and the events to the engine; nothing here knows schedules.
+"""
+
+from __future__ import annotations
+
+import errno
+import selectors
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ...engine import Conn, Engine, Group
+from .protocol import GlooPair
+from .wire import SEQ
+
+RECV_CHUNK = 1 << 20
+
+
+class _Sock:
+    __slots__ = ("sock", "conn", "out", "want_write", "seq_needed", "inbuf")
+
+    def __init__(self, sock: socket.socket, conn: Conn | None) -> None:
+        self.sock = sock
+        self.conn = conn
+        self.out: deque[memoryview] = deque()
+        self.want_write = False
+        self.seq_needed = conn is None  # accepted sockets start with the dialer's seq
+        self.inbuf = b""
+
+
+class GlooDriver:
+    """Runs the selector loop; other threads talk to it only through `call_soon`."""
+
+    def __init__(self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((listen_host, 0))
+        self.listener.listen(1024)
+        self.listener.setblocking(False)
+        self.address = self.listener.getsockname()
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._calls: deque[Callable[[], None]] = deque()
+        self._lock = threading.Lock()
+        self.socks: dict[Conn, _Sock] = {}
+        self.accept_router: Callable[[int], Conn | None] | None = None
+        self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
+        self.engine = engine_factory(self)
+        self.running = True
+        self.error: BaseException | None = None
+        self.on_close: Callable[[Conn], None] | None = None
+        self.periodic: Callable[[], None] | None = None
+
+    def register_extra(self, fileobj: object, handler: Callable[[int], None]) -> None:
+        """Serve another socket (the observer link) from the same loop."""
+        self.extra[fileobj] = handler
+        self.sel.register(fileobj, selectors.EVENT_READ, "extra")
+
+    def unregister_extra(self, fileobj: object) -> None:
+        if self.extra.pop(fileobj, None) is not None:
+            try:
+                self.sel.unregister(fileobj)
+            except (KeyError, ValueError):
+                pass
+
+    # -- cross-thread --------------------------------------------------------------
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._calls.append(fn)
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    # -- pairs --------------------------------------------------------------------
+    def dial(self, conn: Conn, host: str, port: int, seq: int) -> None:
+        s = socket.create_connection((host, port), timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        entry = _Sock(s, conn)
+        self.socks[conn] = entry
+        self.sel.register(s, selectors.EVENT_READ, entry)
+        self.write(conn, SEQ.pack(seq))
+
+    def write(self, conn: Conn, data: bytes) -> None:
+        entry = self.socks.get(conn)
+        if entry is None:
+            raise ConnectionError(f"no connection from emulated rank {conn.emu} to real rank {conn.real}")
+        if not entry.out:
+            try:
+                n = entry.sock.send(data)
+            except BlockingIOError:
+                n = 0
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+        else:
+            data = memoryview(data)
+        entry.out.append(data)
+        if not entry.want_write:
+            entry.want_write = True
+            self.sel.modify(entry.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, entry)
+
+    def close_all(self) -> None:
+        for entry in list(self.socks.values()):
+            self._drop(entry)
+        for fobj in list(self.extra):
+            try:
+                self.sel.unregister(fobj)
+            except (KeyError, ValueError):
+                pass
+        self.extra.clear()
+        for s in (self.listener, self._wake_r, self._wake_w):
+            try:
+                self.sel.unregister(s)
+            except (KeyError, ValueError):
+                pass
+            s.close()
+        self.sel.close()
+
+    def _drop(self, entry: _Sock) -> None:
+        try:
+            self.sel.unregister(entry.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            entry.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        except OSError:
+            pass
+        entry.sock.close()
+        if entry.conn is not None and self.socks.get(entry.conn) is entry:
+            del self.socks[entry.conn]
+            if self.on_close:
+                self.on_close(entry.conn)
+
+    # -- loop -----------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while self.running:
+                for key, mask in self.sel.select(timeout=0.5):
+                    data = key.data
+                    if data is None:
+                        self._accept()
+                    elif data == "wake":
+                        self._drain_calls()
+                    elif isinstance(data, _Sock):
+                        if mask & selectors.EVENT_WRITE:
+                            self._flush(data)
+                        if mask & selectors.EVENT_READ:
+                            self._read(data)
+                    else:
+                        self.extra[key.fileobj](mask)
+                self._drain_calls()
+                if self.periodic is not None:
+                    self.periodic()
+        except BaseException as exc:  # noqa: BLE001 - reported by the controller
+            self.error = exc
+        finally:
+            self.running = False
+
+    def _drain_calls(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            with self._lock:
+                if not self._calls:
+                    return
+                fn = self._calls.popleft()
+            fn()
+
+    def _accept(self) -> None:
+        try:
+            s, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        self.sel.register(s, selectors.EVENT_READ, _Sock(s, None))
+
+    def _flush(self, entry: _Sock) -> None:
+        while entry.out:
+            buf = entry.out[0]
+            try:
+                n = entry.sock.send(buf)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._drop(entry)
+                return
+            if n < len(buf):
+                entry.out[0] = buf[n:]
+                return
+            entry.out.popleft()
+        entry.want_write = False
+        self.sel.modify(entry.sock, selectors.EVENT_READ, entry)
+
+    def _read(self, entry: _Sock) -> None:
+        try:
+            data = entry.sock.recv(RECV_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
+                raise
+            data = b""
+        if not data:
+            self._drop(entry)
+            return
+        if entry.seq_needed:
+            entry.inbuf += data
+            if len(entry.inbuf) < SEQ.size:
+                return
+            (seq,) = SEQ.unpack_from(entry.inbuf)
+            data, entry.inbuf = entry.inbuf[SEQ.size :], b""
+            conn = self.accept_router(seq) if self.accept_router else None
+            if conn is None:
+                self._drop(entry)
+                raise ConnectionError(f"a real rank dialed the controller with unknown sequence number {seq}")
+            entry.conn, entry.seq_needed = conn, False
+            self.socks[conn] = entry
+            if not data:
+                return
+        conn = entry.conn
+        engine = self.engine
+        for ev in conn.pair.receive(data):
+            engine.on_event(conn, ev)
+
+
+def raise_fd_limit() -> None:
+    """Every emulated pair is one socket; lift the soft limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+__all__ = ["GlooDriver", "Conn", "Group", "GlooPair", "raise_fd_limit"]

@@ -1,0 +1,285 @@
+"""The controller process: impersonates every emulated rank of the run.
+
+`python -m neuronabox.controller.main CONFIG_JSON` (the launcher starts it).
+Threads: the selector loop (Gloo pairs, observer link) runs in the main thread;
+store work (agents, rank records, watching real ranks' records) in one helper
+thread; gRPC in its own pool. Exit status 0 on a clean stop, 3 on an error,
+whose one-line cause goes to stderr and to the status reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict
+
+from neuronabox.schedules.gloo import (
+    BinomialBroadcast,
+    DisseminationBarrier,
+    RealRanks,
+)
+
+from . import control_pb2
+from .config import ControllerConfig
+from .dialects.gloo.driver import GlooDriver, raise_fd_limit
+from .dialects.gloo.wire import (
+    Address,
+    RankRecord,
+    SlotPrefix,
+    UnsupportedRecord,
+    dialer_is_local,
+    make_slot,
+)
+from .engine import Conn, Engine, Group, InstanceRecord
+from .observers import ObserverHub
+from .rendezvous import (
+    EmulatedAgents,
+    default_group_key,
+    emulated_records,
+    open_store,
+    publish_records,
+)
+from .service import ControlService, serve
+
+ELEM_SIZES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Short": 2,
+    "Int": 4,
+    "Long": 8,
+    "Bool": 1,
+}
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig) -> None:
+        raise_fd_limit()
+        self.cfg = cfg
+        self.t0 = time.monotonic()
+        self.state = "starting"
+        self.error = ""
+        self.world = cfg.world_size
+        self.group = Group("0", self.world, RealRanks(cfg.real_ranks, self.world))
+        self.records: list[InstanceRecord] = []
+        self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
+        self.driver.accept_router = self._route_seq
+        self.driver.periodic = self._periodic
+        self.conns: dict[tuple[int, int], Conn] = {}
+        self.hub = ObserverHub(cfg.control_host, self.driver.register_extra, self.driver.unregister_extra)
+        self.hub.on_reply = self._on_meta_reply
+        self._queries: dict[int, tuple[str, int]] = {}
+        self._qid = 0
+        self.service = ControlService(self.snapshot, self.request_stop)
+        self.server, self.control_port = serve(self.service, cfg.control_host)
+        self._reply_done = threading.Event()
+
+    # -- engine hooks ------------------------------------------------------------------
+    def _make_engine(self, driver: GlooDriver) -> Engine:
+        return Engine(
+            emit=driver.write,
+            request_meta=self._request_meta if self.cfg.observer else None,
+            on_complete=self.records.append,
+        )
+
+    def _request_meta(self, group: str, tag: int, real: int) -> bool:
+        self._qid += 1
+        self._queries[self._qid] = (group, make_slot(SlotPrefix.ALLREDUCE, tag))
+        return self.hub.ask(real, {"q": self._qid, "pg": group, "tag": tag, "kind": "all_reduce"})
+
+    def _on_meta_reply(self, msg: dict) -> None:
+        group, slot = self._queries.pop(msg["q"], (None, None))
+        if group is None:
+            return
+        numel, dtype = msg.get("numel"), msg.get("dtype")
+        if numel is None or dtype not in ELEM_SIZES:
+            self.driver.engine.on_meta(group, slot, None)
+        else:
+            self.driver.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype])
+
+    # -- pairs ------------------------------------------------------------------------------
+    def _route_seq(self, seq: int) -> Conn | None:
+        if self.cfg.lazy:
+            return None
+        e, r = divmod(seq, self.world)
+        return self.conns.get((r, e))
+
+    def lazy_peers(self, r: int) -> set[int]:
+        """Peers a real rank reaches in the supported schedules; dialed up front in lazy mode."""
+        w = self.world
+        peers = {(r + 1) % w, (r - 1) % w}
+        barrier = DisseminationBarrier(w)
+        peers |= {m.peer for m in barrier.sends(r) + barrier.recvs(r)}
+        for root in set(self.cfg.real_ranks) | {0}:
+            b = BinomialBroadcast(w, root, 0)
+            peers |= {m.peer for m in b.sends(r) + b.recvs(r)}
+        return {p for p in peers if p not in self.group.real and p != r}
+
+    def connect_real_rank(self, r: int, rec: RankRecord) -> None:
+        """Runs in the loop: open (or await) the pair between real rank r and every emulated peer."""
+        if rec.lazy != self.cfg.lazy:
+            raise UnsupportedRecord(
+                f"real rank {r} uses Gloo's {'lazy' if rec.lazy else 'full-mesh'} connection mode, "
+                f"the controller was configured for the other one"
+            )
+        host, port = self.driver.address
+        peers = self.lazy_peers(r) if self.cfg.lazy else [e for e in range(self.world) if e not in self.group.real]
+        for e in sorted(peers):
+            conn = Conn(self.group, r, e)
+            self.conns[(r, e)] = conn
+            if self.cfg.lazy:
+                ours, theirs = Address(host, port, r), Address(rec.address.host, rec.address.port, e)
+            else:
+                ours = Address(host, port, e * self.world + r)
+                theirs = Address(rec.address.host, rec.address.port, rec.pair_ids[e])
+            if dialer_is_local(ours, theirs):
+                self.driver.dial(conn, theirs.host, theirs.port, theirs.seq)
+            elif self.cfg.lazy:
+                raise ConnectionError(
+                    f"real rank {r} listens on {theirs.host}, which compares above the controller's "
+                    f"{host}: in lazy mode the controller must dial; use --gloo-host with a larger address"
+                )
+
+    # -- store thread ------------------------------------------------------------------------
+    def rendezvous(self) -> None:
+        try:
+            store = open_store(self.cfg)
+            self.log("store open")
+            agents = EmulatedAgents(self.cfg, store)
+            publish_records(store, emulated_records(self.cfg, self.driver.address))
+            self.log("emulated rank records published")
+            agents.join()
+            agents.assign_ranks_if_node0_emulated()
+            self.log("emulated agents joined")
+            self.state = "running"
+            pending = set(self.cfg.real_ranks)
+            while pending and self.driver.running:
+                for r in sorted(pending):
+                    key = default_group_key(r)
+                    if store.check([key]):
+                        rec = RankRecord.decode(store.get(key), self.world)
+                        pending.discard(r)
+                        self.log(f"real rank {r} published its record ({'lazy' if rec.lazy else 'full mesh'})")
+                        self.driver.call_soon(lambda r=r, rec=rec: self.connect_real_rank(r, rec))
+                if pending:
+                    time.sleep(0.05)
+        except BaseException as exc:  # noqa: BLE001
+            if self.state != "stopping":
+                self.fail(exc)
+
+    def log(self, what: str) -> None:
+        print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        if not self.error:
+            self.error = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        self.state = "failed"
+        self.driver.running = False
+        self.driver.call_soon(lambda: None)
+
+    def request_stop(self, reason: str) -> None:
+        if self.state not in ("failed",):
+            self.state = "stopping"
+        self.driver.running = False
+        self.driver.call_soon(lambda: None)
+
+    def _periodic(self) -> None:
+        if os.getppid() == 1:  # the launcher is gone: nothing to serve
+            raise RuntimeError("the launcher exited; controller stopping")
+
+    def run(self) -> int:
+        self._write_ready()
+        t = threading.Thread(target=self.rendezvous, name="rendezvous", daemon=True)
+        t.start()
+        self.driver.run()
+        if self.driver.error is not None and not self.error:
+            self.fail(self.driver.error)
+        self.driver.close_all()
+        self.hub.close()
+        if self.error:
+            self.state = "failed"
+            print(f"neuronabox controller: error: {self.error}", file=sys.stderr, flush=True)
+        else:
+            self.state = "stopped"
+        if self.cfg.trace_file:
+            with open(self.cfg.trace_file, "w") as f:
+                json.dump(self.trace(), f)
+        self._reply_done.wait(timeout=3)
+        self.server.stop(grace=1).wait(2)
+        return 3 if self.error else 0
+
+    def _write_ready(self) -> None:
+        if self.cfg.ready_file:
+            info = {
+                "control": f"{self.cfg.control_host}:{self.control_port}",
+                "observer": f"{self.hub.address[0]}:{self.hub.address[1]}",
+                "pid": os.getpid(),
+            }
+            tmp = self.cfg.ready_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(info, f)
+            os.replace(tmp, self.cfg.ready_file)
+
+    # -- reporting -----------------------------------------------------------------------------
+    def trace(self) -> dict:
+        return {
+            "world_size": self.world,
+            "real_ranks": self.cfg.real_ranks,
+            "instances": [asdict(r) for r in list(self.records)],
+            "steps": list(self.hub.steps),
+            "error": self.error,
+        }
+
+    def snapshot(self, final: bool) -> control_pb2.StatusReply:
+        kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0])
+        for rec in list(self.records):
+            k = kinds[rec.kind]
+            k[0] += 1
+            k[1] += rec.nbytes
+            k[2] += sum(b - a for a, b in rec.per_rank.values()) / max(1, len(rec.per_rank))
+            k[3] += rec.boundary_messages
+        steps = sorted(t for _, t in self.hub.steps)
+        iteration = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else 0.0
+        reply = control_pb2.StatusReply(
+            state=self.state,
+            world_size=self.world,
+            real_ranks=self.cfg.real_ranks,
+            kinds=[
+                control_pb2.KindCounters(kind=n, count=int(c), bytes=int(b), seconds=s, boundary_messages=int(m))
+                for n, (c, b, s, m) in sorted(kinds.items())
+            ],
+            boundary_messages=sum(int(v[3]) for v in kinds.values()),
+            connections=len(self.driver.socks),
+            pending=[],
+            error=self.error,
+            uptime_s=time.monotonic() - self.t0,
+            cpu_s=time.process_time(),
+            steps=len(steps),
+            iteration_s=iteration,
+        )
+        if final and self.state in ("stopped", "failed"):
+            reply.trace_json = json.dumps(self.trace())
+            self._reply_done.set()
+        return reply
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m neuronabox.controller.main CONFIG_JSON", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        cfg = ControllerConfig.loads(f.read())
+    return Controller(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

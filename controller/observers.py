@@ -1,0 +1,92 @@
+"""The controller's end of the observer link: real ranks' observers dial in, the
+controller asks them for what the wire does not carry (an allreduce's element
+count and size) and hears of optimizer steps. JSON lines over TCP.
+"""
+
+from __future__ import annotations
+
+import json
+import selectors
+import socket
+from collections.abc import Callable
+
+
+class ObserverHub:
+    def __init__(
+        self, host: str, register: Callable[[object, Callable[[int], None]], None], unregister: Callable[[object], None]
+    ) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.sock.listen(64)
+        self.sock.setblocking(False)
+        self.address = self.sock.getsockname()
+        self._register, self._unregister = register, unregister
+        self.by_rank: dict[int, socket.socket] = {}
+        self._bufs: dict[socket.socket, bytes] = {}
+        self._rank_of: dict[socket.socket, int] = {}
+        self.steps: list[tuple[int, float]] = []
+        self.on_reply: Callable[[dict], None] | None = None
+        register(self.sock, self._accept)
+
+    def _accept(self, _mask: int) -> None:
+        try:
+            s, _ = self.sock.accept()
+        except BlockingIOError:
+            return
+        s.setblocking(False)
+        self._bufs[s] = b""
+        self._register(s, lambda m, s=s: self._read(s))
+
+    def _read(self, s: socket.socket) -> None:
+        try:
+            data = s.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(s)
+            return
+        buf = self._bufs[s] + data
+        *lines, self._bufs[s] = buf.split(b"\n")
+        for line in lines:
+            msg = json.loads(line)
+            if "hello" in msg:
+                self.by_rank[msg["rank"]] = s
+                self._rank_of[s] = msg["rank"]
+            elif "step" in msg:
+                self.steps.append((self._rank_of.get(s, -1), msg["t"]))
+            elif "q" in msg and self.on_reply:
+                self.on_reply(msg)
+
+    def _close(self, s: socket.socket) -> None:
+        self._unregister(s)
+        self._bufs.pop(s, None)
+        r = self._rank_of.pop(s, None)
+        if r is not None and self.by_rank.get(r) is s:
+            del self.by_rank[r]
+        s.close()
+
+    def ask(self, rank: int, query: dict) -> bool:
+        s = self.by_rank.get(rank)
+        if s is None:
+            return False
+        s.setblocking(True)
+        try:
+            s.sendall(json.dumps(query).encode() + b"\n")
+        except OSError:
+            return False
+        finally:
+            s.setblocking(False)
+        return True
+
+    def close(self) -> None:
+        for s in list(self._bufs):
+            self._close(s)
+        self._unregister(self.sock)
+        self.sock.close()
+
+    @staticmethod
+    def events() -> int:
+        return selectors.EVENT_READ

@@ -1,0 +1,141 @@
+"""Stand-ins for the torchrun agents of the emulated nodes, and the rank records
+of the emulated ranks (GLOO_WIRE.md, "torchrun" and "Store keys").
+
+Talks to the run's TCPStore with torch's own client, so the store protocol is
+the stock one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from datetime import timedelta
+
+from .config import ControllerConfig
+from .dialects.gloo.wire import Address, RankRecord
+
+TERMINAL_STATE = "torchelastic/agent/terminal_state"
+ROLE_INFO = "torchelastic/role_info/"
+ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
+RECORD_BATCH = 256
+
+
+def default_group_key(rank: int) -> str:
+    """Where ProcessGroupGloo publishes rank `rank` of the default group."""
+    return f"default_pg/0//cpu//0/{rank}"
+
+
+def open_store(cfg: ControllerConfig):
+    """The run's store: hosted by the real node-0 agent, or by us when node 0 is emulated."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=cfg.store_timeout_s)
+    if 0 in cfg.real_nodes:
+        deadline = time.monotonic() + cfg.store_timeout_s
+        while True:
+            try:
+                return dist.TCPStore(
+                    cfg.master_addr,
+                    cfg.master_port,
+                    is_master=False,
+                    wait_for_workers=False,
+                    timeout=timeout,
+                )
+            except Exception:  # the agent may not listen yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    return dist.TCPStore(
+        cfg.master_addr,
+        cfg.master_port,
+        world_size=cfg.nnodes,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+
+
+STORE_VALIDATE, STORE_ADD = 0, 4  # c10d::detail::QueryType
+STORE_MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
+STORE_INIT_KEY = b"init/"  # TCPStore::initKey_, outside the "/"-prefixed user keys
+
+
+def count_in_workers(cfg: ControllerConfig, n: int) -> None:
+    """Node 0's TCPStore waits until `nnodes` clients have counted themselves in
+    by bumping `init/`, a key the public API cannot reach (user keys get a "/"
+    prefix). Each stock client also pings the server, which the agent's store
+    answers slowly, so the emulated nodes count in with one raw ADD instead."""
+    if n == 0:
+        return
+    with socket.create_connection((cfg.master_addr, cfg.master_port), timeout=cfg.store_timeout_s) as s:
+        s.sendall(struct.pack("<BI", STORE_VALIDATE, STORE_MAGIC))
+        s.sendall(struct.pack("<BQ", STORE_ADD, len(STORE_INIT_KEY)) + STORE_INIT_KEY + struct.pack("<q", n))
+        reply = b""
+        while len(reply) < 8:
+            chunk = s.recv(8 - len(reply))
+            if not chunk:
+                raise ConnectionError("the run's TCPStore closed the connection while counting in workers")
+            reply += chunk
+
+
+class EmulatedAgents:
+    """Does, for every emulated node, what its torchrun agent would do in the store."""
+
+    def __init__(self, cfg: ControllerConfig, store) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.emulated_nodes = [n for n in range(cfg.nnodes) if n not in cfg.real_nodes]
+
+    def key(self, k: str) -> str:
+        return f"{self.cfg.run_id}/{k}"
+
+    def join(self) -> None:
+        cfg, n_emu = self.cfg, len(self.emulated_nodes)
+        if 0 in cfg.real_nodes:
+            count_in_workers(cfg, n_emu)
+        keys = [self.key(f"{ROLE_INFO}{n}") for n in self.emulated_nodes]
+        vals = [
+            json.dumps({"role": "default", "rank": n, "local_world_size": cfg.nproc_per_node})
+            for n in self.emulated_nodes
+        ]
+        for i in range(0, len(keys), RECORD_BATCH):
+            self.store.multi_set(keys[i : i + RECORD_BATCH], vals[i : i + RECORD_BATCH])
+        if n_emu:  # emulated agents are done as soon as they start
+            self.store.add(self.key(f"{TERMINAL_STATE}/num_members"), n_emu)
+
+    def assign_ranks_if_node0_emulated(self) -> None:
+        """Node 0's agent computes every node's ranks; play it when node 0 is emulated."""
+        cfg = self.cfg
+        if 0 in cfg.real_nodes:
+            return
+        self.store.wait([self.key(f"{ROLE_INFO}{n}") for n in cfg.real_nodes])
+        world = cfg.world_size
+        keys, vals = [], []
+        for n in range(cfg.nnodes):
+            base = n * cfg.nproc_per_node
+            keys.append(self.key(f"{ASSIGNED_RANKS}{n}"))
+            vals.append(json.dumps([base, world, base, world]))
+        for i in range(0, len(keys), RECORD_BATCH):
+            self.store.multi_set(keys[i : i + RECORD_BATCH], vals[i : i + RECORD_BATCH])
+
+
+def emulated_records(cfg: ControllerConfig, gloo_addr: tuple[str, int]) -> dict[int, RankRecord]:
+    world = cfg.world_size
+    real = set(cfg.real_ranks)
+    out = {}
+    for e in range(world):
+        if e in real:
+            continue
+        pair_ids = () if cfg.lazy else tuple(e * world + p for p in range(world))
+        out[e] = RankRecord(f"nbx-node{cfg.node_of(e)}", Address(gloo_addr[0], gloo_addr[1], -1), pair_ids)
+    return out
+
+
+def publish_records(store, records: dict[int, RankRecord], key=default_group_key) -> None:
+    items = sorted(records.items())
+    for i in range(0, len(items), RECORD_BATCH):
+        chunk = items[i : i + RECORD_BATCH]
+        store.multi_set([key(e) for e, _ in chunk], [r.encode() for _, r in chunk])

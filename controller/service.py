@@ -1,0 +1,43 @@
+"""The gRPC control service: status, per-kind counters, shutdown."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+
+from . import control_pb2, control_pb2_grpc
+
+
+class ControlService(control_pb2_grpc.ControlServicer):
+    def __init__(self, snapshot: Callable[[bool], control_pb2.StatusReply], shutdown: Callable[[str], None]) -> None:
+        self._snapshot = snapshot
+        self._shutdown = shutdown
+
+    def Status(self, request, context):  # noqa: N802 - gRPC method name
+        return self._snapshot(False)
+
+    def Shutdown(self, request, context):  # noqa: N802
+        self._shutdown(request.reason or "requested")
+        deadline = time.monotonic() + 10
+        reply = self._snapshot(True)
+        while reply.state not in ("stopped", "failed") and time.monotonic() < deadline:
+            time.sleep(0.02)
+            reply = self._snapshot(True)
+        return reply
+
+
+def serve(service: ControlService, host: str) -> tuple[grpc.Server, int]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    control_pb2_grpc.add_ControlServicer_to_server(service, server)
+    port = server.add_insecure_port(f"{host}:0")
+    server.start()
+    return server, port
+
+
+def connect(address: str, timeout: float = 5.0) -> control_pb2_grpc.ControlStub:
+    channel = grpc.insecure_channel(address)
+    grpc.channel_ready_future(channel).result(timeout=timeout)
+    return control_pb2_grpc.ControlStub(channel)

@@ -1,0 +1,244 @@
+"""`neuronabox torchrun`: start the controller, run the stock torchrun for each
+real node, watch them all, and print the run's summary.
+
+Every process it starts lives in its own session and is stopped on every exit
+path (success, failure, Ctrl-C), so nothing outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from neuronabox.controller.config import ControllerConfig
+
+from .summary import format_summary
+from .torchrun_args import LaunchArgs, UsageError, int_flag, node_list, parse
+
+LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
+READY_TIMEOUT_S = 120
+OBSERVER_DIR = Path(__file__).parent / "observer"
+RUNS_DIR = Path(tempfile.gettempdir()) / "neuronabox-runs"
+MIN_TORCH = (2, 2)
+
+
+class LaunchError(RuntimeError):
+    """The run failed; the message is its one-line cause."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torch_version(python: str, env: dict[str, str]) -> tuple[int, int]:
+    out = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise LaunchError(f"cannot import torch: {out.stderr.strip().splitlines()[-1:]}")
+    parts = out.stdout.strip().split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _stop(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
+    """Stop a child and everything it started (its own session)."""
+    if proc is None or proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Run:
+    def __init__(self, args: LaunchArgs) -> None:
+        self.args = args
+        self.nnodes = int_flag(args, ("--nnodes",), 1)
+        self.nproc = int_flag(args, ("--nproc-per-node",), 1)
+        self.real_nodes = node_list(args.ours.get("--real-nodes", "0"), self.nnodes)
+        if args.get("--rdzv-backend") not in (None, "static"):
+            raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
+        mode = args.ours.get("--gloo-mode", "auto")
+        if mode not in ("auto", "full", "lazy"):
+            raise UsageError(f"--gloo-mode is auto, full or lazy, got {mode!r}")
+        self.world = self.nnodes * self.nproc
+        self.lazy = mode == "lazy" or (mode == "auto" and self.world > LAZY_ABOVE)
+        self.master_addr = args.get("--master-addr") or "127.0.0.1"
+        self.master_port = int(args.get("--master-port") or free_port(self.master_addr))
+        self.run_id = args.get("--rdzv-id") or f"nbx{os.getpid()}"
+        self.observer = "--no-observer" not in args.switches
+        self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
+        self.controller: subprocess.Popen | None = None
+        self.torchruns: list[subprocess.Popen] = []
+        self.control_addr = ""
+
+    # -- children ----------------------------------------------------------------------
+    def start_controller(self) -> dict:
+        cfg = ControllerConfig(
+            nnodes=self.nnodes,
+            nproc_per_node=self.nproc,
+            real_nodes=self.real_nodes,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            run_id=self.run_id,
+            lazy=self.lazy,
+            gloo_host=self.args.ours.get("--gloo-host", "127.0.0.2"),
+            ready_file=str(self.dir / "ready.json"),
+            trace_file=str(self.dir / "trace.json"),
+            observer=self.observer,
+        )
+        (self.dir / "controller.json").write_text(cfg.dumps())
+        log = open(self.dir / "controller.log", "w")
+        self.controller = subprocess.Popen(
+            [sys.executable, "-m", "neuronabox.controller.main", str(self.dir / "controller.json")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        ready = Path(cfg.ready_file)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.exists():
+            if self.controller.poll() is not None:
+                raise LaunchError(f"controller exited at start: {self.controller_cause()}")
+            if time.monotonic() > deadline:
+                raise LaunchError("controller did not become ready")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        self.control_addr = info["control"]
+        RUNS_DIR.mkdir(exist_ok=True)
+        (RUNS_DIR / "latest.json").write_text(json.dumps({"control": self.control_addr, "pid": os.getpid()}))
+        return info
+
+    def controller_cause(self) -> str:
+        try:
+            lines = (self.dir / "controller.log").read_text().strip().splitlines()
+        except OSError:
+            return "no log"
+        errs = [ln for ln in lines if "error:" in ln]
+        return (errs or lines or ["no output"])[-1].split("error: ", 1)[-1]
+
+    def torchrun_env(self, observer_addr: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        real = [n * self.nproc + i for n in self.real_nodes for i in range(self.nproc)]
+        env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, real))
+        env["NEURONABOX_WORLD_SIZE"] = str(self.world)
+        if self.lazy:
+            env["TORCH_GLOO_LAZY_INIT"] = "1"
+        else:
+            env.pop("TORCH_GLOO_LAZY_INIT", None)
+        if self.observer:
+            env["NEURONABOX_OBSERVER"] = observer_addr
+            env.setdefault("TORCH_FR_BUFFER_SIZE", "1024")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVER_DIR), env.get("PYTHONPATH")]))
+        return env
+
+    def start_torchruns(self, env: dict[str, str]) -> None:
+        self.args.drop("--master-addr", "--master-port", "--rdzv-backend", "--rdzv-id", "--nnodes", "--nproc-per-node")
+        passthrough = [f"{f}={v}" if v is not None else f for f, v in self.args.torchrun]
+        for node in self.real_nodes:
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={self.nnodes}",
+                f"--nproc-per-node={self.nproc}",
+                f"--node-rank={node}",
+                f"--master-addr={self.master_addr}",
+                f"--master-port={self.master_port}",
+                "--rdzv-backend=static",
+                f"--rdzv-id={self.run_id}",
+                *passthrough,
+                *self.args.script,
+            ]
+            self.torchruns.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+
+    # -- the run ------------------------------------------------------------------------
+    def execute(self) -> int:
+        env = dict(os.environ)
+        if torch_version(sys.executable, env) < MIN_TORCH:
+            raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
+        info = self.start_controller()
+        self.start_torchruns(self.torchrun_env(info["observer"]))
+        while True:
+            if self.controller.poll() is not None:
+                raise LaunchError(f"controller failed: {self.controller_cause()}")
+            codes = [p.poll() for p in self.torchruns]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                reply = self.shutdown("a real node failed")
+                cause = f"torchrun exited with status {failed[0]}"
+                if reply is not None and reply.error:
+                    cause += f"; controller: {reply.error}"
+                raise LaunchError(f"the job failed on a real node ({cause})")
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.1)
+        reply = self.shutdown("job finished")
+        if reply is None or reply.state == "failed":
+            raise LaunchError(f"controller failed: {reply.error if reply is not None else self.controller_cause()}")
+        trace = json.loads(reply.trace_json) if reply.trace_json else {}
+        print(format_summary(reply, trace), flush=True)
+        trace_out = self.args.ours.get("--trace")
+        if trace_out:
+            Path(trace_out).write_text(json.dumps(trace, indent=1))
+        return 0
+
+    def shutdown(self, reason: str):
+        if self.controller is None or self.controller.poll() is not None or not self.control_addr:
+            return None
+        from neuronabox.controller import control_pb2
+        from neuronabox.controller.service import connect
+
+        try:
+            stub = connect(self.control_addr, timeout=5)
+            return stub.Shutdown(control_pb2.ShutdownRequest(reason=reason), timeout=20)
+        except Exception:
+            return None
+
+    def cleanup(self) -> None:
+        for p in self.torchruns:
+            _stop(p)
+        _stop(self.controller, grace=10)
+
+
+def torchrun_main(argv: list[str]) -> int:
+    try:
+        run = Run(parse(argv))
+    except UsageError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return run.execute()
+    except UsageError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("neuronabox: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        run.cleanup()
+        signal.signal(signal.SIGTERM, old)

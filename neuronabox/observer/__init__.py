@@ -1,0 +1,1 @@
+"""The optional in-process observer, loaded into real ranks through interpreter start-up."""

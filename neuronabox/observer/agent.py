@@ -1,0 +1,91 @@
+"""The observer thread inside a real rank.
+
+It tells the controller what the wire does not carry: the element count and
+dtype of a collective (read from PyTorch's flight recorder, which
+ProcessGroupGloo fills when TORCH_FR_BUFFER_SIZE is set) and the times of
+optimizer steps. It never edits the user's script; without it the emulation
+still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+_lock = threading.Lock()
+_sock: socket.socket | None = None
+
+
+def _send(msg: dict) -> None:
+    if _sock is None:
+        return
+    data = json.dumps(msg).encode() + b"\n"
+    with _lock:
+        try:
+            _sock.sendall(data)
+        except OSError:
+            pass
+
+
+def _lookup(query: dict) -> dict:
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    dump = pickle.loads(c10d._dump_fr_trace(True, False, False))
+    want = f"gloo:{query['kind']}"
+    for entry in reversed(dump.get("entries", [])):
+        if entry.get("profiling_name") != want or entry["process_group"][0] != query["pg"]:
+            continue
+        # ProcessGroupGloo's tag counts from 0, the recorder's sequence ids from 1.
+        if entry["collective_seq_id"] == query["tag"] + 1:
+            sizes, dtypes = entry["input_sizes"], entry["input_dtypes"]
+            numel = 1
+            for d in sizes[0]:
+                numel *= d
+            return {"q": query["q"], "numel": numel, "dtype": dtypes[0]}
+    return {"q": query["q"], "numel": None}
+
+
+def _serve(host: str, port: int) -> None:
+    global _sock
+    s = socket.create_connection((host, port), timeout=30)
+    s.settimeout(None)
+    _sock = s
+    _send({"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid()})
+    threading.Thread(target=_hook_steps, name="neuronabox-steps", daemon=True).start()
+    buf = b""
+    while True:
+        data = s.recv(65536)
+        if not data:
+            return
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            q = json.loads(line)
+            try:
+                _send(_lookup(q))
+            except Exception as exc:  # answer anyway: the controller falls back to the wire
+                _send({"q": q.get("q"), "numel": None, "error": str(exc)})
+
+
+def _hook_steps() -> None:
+    """Register the step hook once the script has imported torch.optim itself
+    (importing it from this thread could deadlock with the main thread's import)."""
+    import sys
+
+    while True:
+        mod = sys.modules.get("torch.optim.optimizer")
+        hook = getattr(mod, "register_optimizer_step_post_hook", None)
+        if hook is not None and getattr(sys.modules.get("torch.optim"), "SGD", None) is not None:
+            hook(lambda *_: _send({"step": 1, "t": time.time()}))
+            return
+        time.sleep(0.05)
+
+
+def start() -> None:
+    host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
+    threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()

@@ -1,0 +1,303 @@
+"""Gloo's CPU algorithms as pure schedules (pytorch/gloo: allreduce.cc ring,
+broadcast.cc, allgather.cc, barrier.cc).
+
+A schedule answers, for any rank, the ordered sends and receives it performs
+(peer, step, bytes), and, for a send by an emulated rank, which sends of real
+ranks it waits for (`deps`) and whose bytes it carries (`content`). Emulated
+ranks hold zeros and forward what they receive, so a send's bytes are those of
+the nearest real rank upstream on the data path, or zeros when there is none.
+
+Every query costs O(log R) for R real ranks (rings use closed forms of the
+distance to the nearest real rank), never O(world).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Protocol
+
+MAX_SEGMENT_BYTES = 1 << 20  # Gloo's AllreduceOptions::maxSegmentSize default
+
+
+@dataclass(frozen=True, slots=True)
+class Msg:
+    """One message in a rank's program: to/from `peer`, at `step`, `nbytes` long."""
+
+    peer: int
+    step: int
+    nbytes: int
+
+
+SendRef = tuple[int, int]  # (rank, step) of a send
+
+
+class RealRanks:
+    """The sorted set of real ranks, with cyclic nearest-neighbour queries."""
+
+    def __init__(self, ranks: list[int] | tuple[int, ...] | set[int], world: int) -> None:
+        self.sorted = sorted(set(ranks))
+        self.members = frozenset(self.sorted)
+        self.world = world
+        # The real rank whose own sends reach an emulated rank first: gathers
+        # mirror its block into the blocks of emulated ranks.
+        self.mirror = next((x for x in self.sorted if (x + 1) % world not in self.members), self.sorted[0])
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self.members
+
+    def above(self, rank: int) -> tuple[int, int]:
+        """Nearest real rank x strictly after `rank` going up the ring, and d = x - rank mod W."""
+        i = bisect.bisect_right(self.sorted, rank)
+        x = self.sorted[i] if i < len(self.sorted) else self.sorted[0]
+        return x, (x - rank) % self.world or self.world
+
+    def below(self, rank: int) -> tuple[int, int]:
+        """Nearest real rank x strictly before `rank` going down the ring, and d = rank - x mod W."""
+        i = bisect.bisect_left(self.sorted, rank) - 1
+        x = self.sorted[i]  # index -1 wraps to the largest
+        return x, (rank - x) % self.world or self.world
+
+
+class Schedule(Protocol):
+    world: int
+
+    def sends(self, rank: int) -> list[Msg]: ...
+
+    def recvs(self, rank: int) -> list[Msg]: ...
+
+    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
+        """For emulated `rank`'s send at `step`: (real sends it waits for, real send whose bytes it carries)."""
+        ...
+
+
+def round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+# ---------------------------------------------------------------------------
+# allreduce: segmented ring (reduce-scatter then allgather on one slot)
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RingGeometry:
+    """Segmentation of one ring allreduce, exactly as gloo::allreduce computes it."""
+
+    world: int
+    total: int  # bytes
+    num_segments: int
+    segment_bytes: int
+    last_known: bool = True  # False: no empty segments, the last one's length is read off the wire
+
+    @classmethod
+    def for_tensor(cls, world: int, total: int, elem: int, max_segment: int = MAX_SEGMENT_BYTES) -> RingGeometry:
+        max_seg = elem * max(1, max_segment // elem)
+        num = round_up(max((total + max_seg - 1) // max_seg, world * 2), world)
+        seg = round_up((total + num - 1) // num, elem)
+        return cls(world, total, num, seg)
+
+    @property
+    def per_rank(self) -> int:
+        return self.num_segments // self.world
+
+    @property
+    def phase_steps(self) -> int:
+        return self.num_segments - self.per_rank
+
+    def seg_len(self, seg: int) -> int:
+        """Bytes of segment `seg` (0: skipped; -1: the last one, length not known yet)."""
+        if not self.last_known and seg == self.num_segments - 1:
+            return -1
+        return max(0, min(self.segment_bytes, self.total - seg * self.segment_bytes))
+
+
+class RingAllreduce:
+    """Ring allreduce. Global step t: reduce-scatter for t < P, allgather after (P = phase_steps).
+
+    Rank x at step t sends to x-1 the segment it received at t - per_rank, so a
+    segment's bytes move one rank down every `per_rank` steps; its program waits,
+    at step t, for the receive and the send of step t-2.
+    """
+
+    kind = "allreduce"
+
+    def __init__(self, geo: RingGeometry) -> None:
+        self.geo = geo
+        self.world = geo.world
+
+    def _seg(self, rank: int, t: int, recv: bool) -> int:
+        g = self.geo
+        spr, p = g.per_rank, g.phase_steps
+        if t < p:
+            base = rank + (2 if recv else 1)
+            return ((base * spr) + t) % g.num_segments
+        base = rank + (1 if recv else 0)
+        return ((base * spr) + t - p) % g.num_segments
+
+    def _msgs(self, rank: int, recv: bool) -> list[Msg]:
+        g = self.geo
+        peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
+        out = []
+        for t in range(2 * g.phase_steps):
+            n = g.seg_len(self._seg(rank, t, recv))
+            if n != 0:
+                out.append(Msg(peer, t, n))
+        return out
+
+    def sends(self, rank: int) -> list[Msg]:
+        return self._msgs(rank, recv=False)
+
+    def recvs(self, rank: int) -> list[Msg]:
+        return self._msgs(rank, recv=True)
+
+    def offset(self, rank: int, t: int, recv: bool) -> int:
+        return self._seg(rank, t, recv) * self.geo.segment_bytes
+
+    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
+        x, d = real.above(rank)
+        deps: list[SendRef] = []
+        content = None
+        data_step = step - d * self.geo.per_rank
+        if data_step >= 0:
+            content = (x, data_step)
+            deps.append(content)
+        wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
+        if wait_step >= 0 and wait_step != data_step and self._has_send(x, wait_step):
+            deps.append((x, wait_step))
+        return deps, content
+
+    def _has_send(self, rank: int, t: int) -> bool:
+        return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0
+
+
+# ---------------------------------------------------------------------------
+# allgather: ring, each block in two halves
+# ---------------------------------------------------------------------------
+class RingAllgather:
+    """Ring allgather: send to rank+1, receive from rank-1, 2(W-1) steps of half blocks.
+
+    Emulated ranks' blocks mirror a real rank's block (zeros would break the
+    metadata exchanges that ride on allgather, such as DDP's parameter count).
+    """
+
+    kind = "allgather"
+
+    def __init__(self, world: int, block_bytes: int) -> None:
+        self.world = world
+        self.block_bytes = block_bytes
+        half = block_bytes // 2
+        self.chunks = (half, block_bytes - half)
+
+    def block(self, rank: int, step: int, recv: bool) -> int:
+        return (self.world + rank - step // 2 - (1 if recv else 0)) % self.world
+
+    def _msgs(self, rank: int, recv: bool) -> list[Msg]:
+        if self.block_bytes == 0 or self.world == 1:
+            return []
+        peer = (rank - 1) % self.world if recv else (rank + 1) % self.world
+        return [Msg(peer, i, self.chunks[i & 1]) for i in range(2 * (self.world - 1))]
+
+    def sends(self, rank: int) -> list[Msg]:
+        return self._msgs(rank, recv=False)
+
+    def recvs(self, rank: int) -> list[Msg]:
+        return self._msgs(rank, recv=True)
+
+    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
+        x, d = real.below(rank)
+        s = step - 2 * d
+        if s < 0:  # the block belongs to an emulated rank: it mirrors a real rank's block
+            x, s = real.mirror, step & 1
+        return [(x, s)], (x, s)
+
+
+# ---------------------------------------------------------------------------
+# broadcast: binomial tree
+# ---------------------------------------------------------------------------
+def log2ceil(n: int) -> int:
+    return (n - 1).bit_length()
+
+
+class BinomialBroadcast:
+    """Binomial tree over vrank = (rank - root) mod W: at bit i, vrank v < 2^(i+1)
+    sends to v + 2^i when bit i of v is clear, or receives from v - 2^i."""
+
+    kind = "broadcast"
+
+    def __init__(self, world: int, root: int, nbytes: int) -> None:
+        self.world = world
+        self.root = root
+        self.nbytes = nbytes
+        self.dim = log2ceil(world)
+
+    def _v(self, rank: int) -> int:
+        return (rank - self.root) % self.world
+
+    def _r(self, v: int) -> int:
+        return (v + self.root) % self.world
+
+    def parent(self, rank: int) -> tuple[int, int] | None:
+        """(parent rank, step at which it sends to `rank`), None for the root."""
+        v = self._v(rank)
+        if v == 0:
+            return None
+        h = v.bit_length() - 1
+        return self._r(v - (1 << h)), h
+
+    def sends(self, rank: int) -> list[Msg]:
+        v = self._v(rank)
+        out = []
+        for i in range(self.dim):
+            if v >= (1 << (i + 1)) or v & (1 << i):
+                continue
+            if v + (1 << i) < self.world:
+                out.append(Msg(self._r(v + (1 << i)), i, self.nbytes))
+        return out
+
+    def recvs(self, rank: int) -> list[Msg]:
+        p = self.parent(rank)
+        return [] if p is None else [Msg(p[0], p[1], self.nbytes)]
+
+    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
+        node = rank
+        while True:
+            p = self.parent(node)
+            if p is None:
+                return [], None  # an emulated root broadcasts zeros
+            if p[0] in real:
+                return [p], p
+            node = p[0]
+
+
+# ---------------------------------------------------------------------------
+# barrier: dissemination, zero-byte messages
+# ---------------------------------------------------------------------------
+class DisseminationBarrier:
+    """Round k (d = 2^k < W): receive from rank-d, send to rank+d, then wait both."""
+
+    kind = "barrier"
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.rounds = log2ceil(world)
+
+    def sends(self, rank: int) -> list[Msg]:
+        return [Msg((rank + (1 << k)) % self.world, k, 0) for k in range(self.rounds)]
+
+    def recvs(self, rank: int) -> list[Msg]:
+        return [Msg((rank - (1 << k)) % self.world, k, 0) for k in range(self.rounds)]
+
+    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
+        # Rank x is in the causal past of (rank, round k) through its send at round
+        # lowbit(m), m = rank - x (mod W) in [1, 2^k - 1]; sends to real ranks are
+        # covered by that real rank's own later sends.
+        deps: list[SendRef] = []
+        span = (1 << step) - 1
+        w = self.world
+        for x in real.sorted:
+            m = (rank - x) % w
+            while 0 < m <= span:
+                j = (m & -m).bit_length() - 1
+                if (x + (1 << j)) % w not in real:
+                    deps.append((x, j))
+                m += w
+        return deps, None

@@ -1,0 +1,41 @@
+"""The end-of-run summary: world, real ranks, collectives by kind, iteration time."""
+
+from __future__ import annotations
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def iteration_time(steps: list[list[float]] | list[tuple[int, float]]) -> tuple[int, float]:
+    """Optimizer steps seen on the lowest real rank and the mean time between them."""
+    if not steps:
+        return 0, 0.0
+    first = min(r for r, _ in steps)
+    ts = sorted(t for r, t in steps if r == first)
+    if len(ts) < 2:
+        return len(ts), 0.0
+    return len(ts), (ts[-1] - ts[0]) / (len(ts) - 1)
+
+
+def format_summary(reply, trace: dict) -> str:
+    lines = [
+        "NeuronaBox summary",
+        f"  world size      {reply.world_size}",
+        f"  real ranks      {', '.join(map(str, reply.real_ranks))}",
+        f"  boundary msgs   {reply.boundary_messages}   controller CPU {reply.cpu_s:.2f} s",
+        "  collectives     kind         count        bytes   time on real rank (mean)",
+    ]
+    for k in reply.kinds:
+        mean = k.seconds / k.count if k.count else 0.0
+        lines.append(f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms")
+    n, it = iteration_time(trace.get("steps", []))
+    if n:
+        lines.append(f"  optimizer steps {n}   iteration time {it * 1e3:.2f} ms")
+    else:
+        lines.append("  optimizer steps not observed (no observer); iteration time unknown")
+    return "\n".join(lines)
