@@ -102,6 +102,7 @@ class Instance:
         self.expect_recv: dict[tuple[int, int], deque[Msg]] = {}
         self.received: dict[SendRef, bytes] = {}
         self.waiting: dict[SendRef, list[_PendingSend]] = {}
+        self.outq: dict[tuple[int, int], deque[_PendingSend]] = {}
         self.remaining = 0
         self.boundary = 0
         self.start = time.monotonic()
@@ -269,7 +270,7 @@ class Instance:
             for p in self.waiting.pop(ref, ()):
                 p.missing -= 1
                 if p.missing == 0:
-                    self._send(p)
+                    self._flush(p.conn)
         else:  # RecvReady: the real rank posted a receive from the emulated peer
             q = self.expect_recv.get(key)
             if not q:
@@ -281,8 +282,15 @@ class Instance:
                 if ref not in self.received:
                     p.missing += 1
                     self.waiting.setdefault(ref, []).append(p)
+            self.outq.setdefault(key, deque()).append(p)
             if p.missing == 0:
-                self._send(p)
+                self._flush(conn)
+
+    def _flush(self, conn: Conn) -> None:
+        """Write ready sends in the order the real rank posted the receives (FIFO per pair)."""
+        q = self.outq[(conn.real, conn.emu)]
+        while q and q[0].missing == 0:
+            self._send(q.popleft())
 
     def _send(self, p: _PendingSend) -> None:
         n = p.msg.nbytes

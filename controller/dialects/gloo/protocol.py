@@ -42,13 +42,14 @@ Event = RecvReady | SendReady | Data
 class GlooPair:
     """One connection between a real rank and the emulated rank the controller plays."""
 
-    __slots__ = ("_buf", "_peer_posted", "_announced", "_our_posted", "frames_in", "frames_out")
+    __slots__ = ("_buf", "_peer_posted", "_announced", "_our_posted", "_peer_announced", "frames_in", "frames_out")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._peer_posted: dict[int, deque[int]] = {}  # slot -> lengths the peer can receive
         self._announced: dict[int, int] = {}  # slot -> our NOTIFY_SEND_READY not yet followed by data
         self._our_posted: dict[int, deque[int]] = {}  # slot -> lengths we posted for the peer
+        self._peer_announced: dict[int, int] = {}  # slot -> peer's send notices not yet followed by data
         self.frames_in = 0
         self.frames_out = 0
 
@@ -66,6 +67,9 @@ class GlooPair:
                     raise WireError(f"data frame nbytes={nbytes} does not match length={length}")
                 if end - off < nbytes:
                     break
+                if not self._peer_announced.get(slot):
+                    raise WireError(f"data on slot {slot:#x} before NOTIFY_SEND_READY")
+                self._peer_announced[slot] -= 1
                 posted = self._our_posted.get(slot)
                 if not posted:
                     raise WireError(f"data on slot {slot:#x} without a posted receive")
@@ -79,6 +83,7 @@ class GlooPair:
                 events.append(RecvReady(slot, length))
                 off += PREAMBLE_SIZE
             elif opcode == Opcode.NOTIFY_SEND_READY:
+                self._peer_announced[slot] = self._peer_announced.get(slot, 0) + 1
                 events.append(SendReady(slot, length))
                 off += PREAMBLE_SIZE
             else:

@@ -119,10 +119,15 @@ class RankRecord:
         try:
             (hlen,) = struct.unpack_from("<Q", raw, 0)
             off = 8 + hlen
+            if hlen > 1024 or off + 8 + ADDRESS_SIZE > len(raw):
+                raise struct.error("no hostname header")
             hostname = raw[8:off].decode()
             (alen,) = struct.unpack_from("<Q", raw, off)
         except (struct.error, UnicodeDecodeError) as exc:
-            raise UnsupportedRecord(f"unreadable Gloo rank record ({len(raw)} bytes)") from exc
+            raise UnsupportedRecord(
+                f"unreadable Gloo rank record ({len(raw)} bytes): this torch/Gloo rank-record layout is not supported "
+                "(need torch >= 2.2)"
+            ) from exc
         if alen != ADDRESS_SIZE:
             raise UnsupportedRecord(
                 f"Gloo rank record carries a {alen}-byte address, expected {ADDRESS_SIZE}: "

@@ -1,0 +1,169 @@
+"""The engine, sans-IO: real ranks are played from the schedules' own programs and
+every byte the controller writes goes through a real-side `GlooPair`, which
+refuses anything Gloo would kill the pair for."""
+
+import itertools
+
+import pytest
+from neuronabox.controller.dialects.gloo.protocol import Data, GlooPair, RecvReady
+from neuronabox.controller.dialects.gloo.wire import SlotPrefix, make_slot
+from neuronabox.controller.engine import Conn, Engine, Group, ProtocolError
+
+from neuronabox.schedules.gloo import (
+    BinomialBroadcast,
+    DisseminationBarrier,
+    RealRanks,
+    RingAllgather,
+    RingAllreduce,
+    RingGeometry,
+)
+
+
+class RealSide:
+    """What the stock Gloo of real ranks puts on the boundary, for one instance."""
+
+    def __init__(self, world, real, sched, slot, meta=None):
+        self.group = Group("0", world, RealRanks(real, world))
+        self.sched, self.slot = sched, slot
+        self.out = []  # (conn, bytes) the controller wrote
+        self.engine = Engine(
+            emit=lambda c, b: self.out.append((c, b)), request_meta=(lambda g, t, r: True) if meta else None
+        )
+        self.meta = meta
+        self.conns, self.mirror = {}, {}
+        self.sends, self.got = {}, {}
+        for r in real:
+            for m in sched.sends(r) + sched.recvs(r):
+                if m.peer not in self.group.real and (r, m.peer) not in self.conns:
+                    self.conns[(r, m.peer)] = Conn(self.group, r, m.peer)
+                    self.mirror[(r, m.peer)] = GlooPair()  # the real side's view of the pair
+        self.completed = []
+        self.engine.on_complete = self.completed.append
+
+    def payload(self, r, step, n):
+        head = bytes([r % 251, step % 251, (step >> 8) % 251])  # distinct per (rank, step)
+        return (head * (n // 3 + 1))[:n]
+
+    def feed(self, r, peer, raw):
+        conn = self.conns[(r, peer)]
+        for ev in conn.pair.receive(raw):
+            self.engine.on_event(conn, ev)
+
+    def start(self):
+        """Post every receive and announce every send, in program order."""
+        for r in self.group.real.sorted:
+            for m in self.sched.recvs(r):
+                if m.peer not in self.group.real:
+                    self.feed(r, m.peer, self.mirror[(r, m.peer)].recv_ready(self.slot, m.nbytes))
+            for m in self.sched.sends(r):
+                if m.peer not in self.group.real:
+                    self.sends.setdefault((r, m.peer), []).append(m)
+                    self.feed(r, m.peer, self.mirror[(r, m.peer)].send_ready(self.slot, m.nbytes))
+        if self.meta:
+            self.engine.on_meta("0", self.slot, *self.meta)
+
+    def pump(self):
+        while self.out:
+            conn, raw = self.out.pop(0)
+            key = (conn.real, conn.emu)
+            for ev in self.mirror[key].receive(raw):  # raises on any wire-rule violation
+                if isinstance(ev, RecvReady):
+                    m = self.sends[key].pop(0)
+                    self.feed(
+                        conn.real, conn.emu, self.mirror[key].data(self.slot, self.payload(conn.real, m.step, m.nbytes))
+                    )
+                elif isinstance(ev, Data):
+                    self.got.setdefault(key, []).append(ev.payload)
+
+
+def run(world, real, sched, prefix, meta=None):
+    side = RealSide(world, real, sched, make_slot(prefix, 3), meta)
+    side.start()
+    side.pump()
+    return side
+
+
+CASES = list(itertools.product([2, 3, 5, 8, 13], [(0,), (0, 1), (1, 3)]))
+
+
+@pytest.mark.parametrize("world,real", [c for c in CASES if max(c[1]) < c[0] and len(c[1]) < c[0]])
+@pytest.mark.parametrize("total,elem", [(4, 4), (28, 4), (4096, 4), (10_000, 8), (3 << 20, 4)])
+def test_allreduce_completes_and_obeys_the_wire(world, real, total, elem):
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, elem))
+    side = run(world, real, sched, SlotPrefix.ALLREDUCE, meta=(total // elem, elem))
+    assert len(side.completed) == 1 and not side.engine.instances
+    rec = side.completed[0]
+    assert rec.boundary_messages == sum(1 for r in real for m in sched.sends(r) + sched.recvs(r) if m.peer not in real)
+    if len(real) == 1:  # the allgather phase hands the real rank back its own segments
+        r = real[0]
+        p = sched.geo.phase_steps
+        got = side.got[(r, (r + 1) % world)]
+        recvs = [m for m in sched.recvs(r)]
+        own = {m.step: side.payload(r, m.step, m.nbytes) for m in sched.sends(r)}
+        for m, data in zip(recvs, got):
+            assert data == (own[m.step - p] if m.step >= p else bytes(m.nbytes))
+
+
+@pytest.mark.parametrize("world,real", [(2, (0,)), (5, (0,)), (8, (0, 1)), (13, (1, 3))])
+def test_allgather_mirrors_a_real_block_into_emulated_blocks(world, real):
+    sched = RingAllgather(world, 10)
+    side = run(world, real, sched, SlotPrefix.ALLGATHER)
+    assert len(side.completed) == 1
+    for r in real:
+        e = (r - 1) % world
+        if e in real:
+            continue
+        got = side.got[(r, e)]
+        assert len(got) == 2 * (world - 1)
+        for i, data in enumerate(got):  # the bytes of the real send the schedule names, in order
+            x, s = sched.origin(e, i, side.group.real)[1]
+            assert data == side.payload(x, s, sched.chunks[i & 1])
+            if len(real) == 1:  # one real rank: every emulated block mirrors its own block
+                assert (x, s) == (r, i & 1)
+
+
+@pytest.mark.parametrize("world,real,root", [(2, (0,), 0), (7, (0,), 0), (16, (0, 1), 0), (9, (3,), 0)])
+def test_broadcast_forwards_the_roots_bytes(world, real, root):
+    sched = BinomialBroadcast(world, root, 64)
+    side = run(world, real, sched, SlotPrefix.BROADCAST)
+    assert len(side.completed) == 1
+    for (r, _), got in side.got.items():
+        assert got == [side.payload(root, sched.parent(r)[1], 64)] if root in real else [bytes(64)]
+
+
+@pytest.mark.parametrize("world,real", [(2, (0,)), (3, (0,)), (6, (0, 3)), (32, (0, 1, 7))])
+def test_barrier_completes(world, real):
+    side = run(world, real, DisseminationBarrier(world), SlotPrefix.BARRIER)
+    assert len(side.completed) == 1
+
+
+def test_barrier_holds_an_emulated_release_until_the_other_real_rank_arrives():
+    world, real = 8, (0, 5)
+    sched = DisseminationBarrier(world)
+    side = RealSide(world, real, sched, make_slot(SlotPrefix.BARRIER, 0))
+    for m in sched.recvs(0):  # only rank 0 enters the barrier
+        if m.peer not in real:
+            side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, 0))
+    side.pump()
+    assert (0, 7) in side.got and (0, 6) not in side.got  # round 1 from rank 6 waits for rank 5
+    side.sends[(5, 6)] = [sched.sends(5)[0]]  # rank 5 enters: its round-0 send to rank 6
+    side.feed(5, 6, side.mirror[(5, 6)].send_ready(side.slot, 0))
+    side.pump()
+    assert (0, 6) in side.got
+
+
+def test_a_wrong_length_names_the_collective_the_pair_and_the_step():
+    world = 4
+    sched = RingAllreduce(RingGeometry.for_tensor(world, 4096, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 9), meta=(1024, 4))
+    m = sched.recvs(0)[0]
+    side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes))
+    side.engine.on_meta("0", side.slot, 1024, 4)
+    with pytest.raises(ProtocolError, match=r"allreduce #9 of group '0' rank pair 0<->1 step 1: .*schedule expects"):
+        side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes + 4))
+
+
+def test_an_unknown_collective_names_its_slot_prefix_and_group():
+    side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(SlotPrefix.ALLTOALL, 2))
+    with pytest.raises(ProtocolError, match=r"slot prefix 8 \(alltoall\) #2 on group '0'"):
+        side.feed(0, 1, side.mirror[(0, 1)].recv_ready(side.slot, 8))
