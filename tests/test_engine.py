@@ -98,9 +98,10 @@ def test_allreduce_completes_and_obeys_the_wire(world, real, total, elem):
         r = real[0]
         p = sched.geo.phase_steps
         got = side.got[(r, (r + 1) % world)]
-        recvs = [m for m in sched.recvs(r)]
+        recvs = sched.recvs(r)
         own = {m.step: side.payload(r, m.step, m.nbytes) for m in sched.sends(r)}
-        for m, data in zip(recvs, got):
+        assert len(got) == len(recvs)
+        for m, data in zip(recvs, got, strict=True):
             assert data == (own[m.step - p] if m.step >= p else bytes(m.nbytes))
 
 
