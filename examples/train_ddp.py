@@ -44,7 +44,8 @@ def main() -> None:
         opt.step()
         if rank == real_ranks[0]:
             print(f"step {step} loss {loss.item():.4f} time {1e3 * (time.perf_counter() - t0):.1f} ms", flush=True)
-    dist.destroy_process_group()
+    # No destroy_process_group(): stock torch 2.13 aborts in Gloo's teardown now and then
+    # ("terminate called without an active exception", ~1 in 10 all-real 2-rank runs here).
 
 
 def check(model, x, y, rank, world, real_ranks, step) -> None:
