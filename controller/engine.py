@@ -103,6 +103,7 @@ class Instance:
         self.received: dict[SendRef, bytes] = {}
         self.waiting: dict[SendRef, list[_PendingSend]] = {}
         self.outq: dict[tuple[int, int], deque[_PendingSend]] = {}
+        self.last_step: dict[tuple[int, int, str], int] = {}
         self.remaining = 0
         self.boundary = 0
         self.start = time.monotonic()
@@ -235,6 +236,11 @@ class Instance:
     def name(self) -> str:
         return f"{self.kind} #{self.tag} of group {self.group.name!r}"
 
+    def _unexpected(self, conn: Conn, frame: str, length: int, way: str) -> str:
+        last = self.last_step.get((conn.real, conn.emu, way))
+        where = "before its first" if last is None else f"after its last (step {last})"
+        return self._where(conn, f"unexpected {frame} of {length} bytes: the schedule has no {way} here, {where}")
+
     def _check_len(self, conn: Conn, m: Msg, length: int, verb: str) -> Msg:
         if m.nbytes < 0:  # the last ring segment, whose length the wire tells
             if length > self.schedule.geo.segment_bytes:
@@ -251,8 +257,9 @@ class Instance:
         if isinstance(ev, SendReady):
             q = self.expect_send.get(key)
             if not q:
-                raise ProtocolError(self._where(conn, f"unexpected NOTIFY_SEND_READY of {ev.length} bytes"))
+                raise ProtocolError(self._unexpected(conn, "NOTIFY_SEND_READY", ev.length, "send"))
             m = self._check_len(conn, q.popleft(), ev.length, "sends")
+            self.last_step[(*key, "send")] = m.step
             self.expect_data.setdefault(key, deque()).append(m)
             self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
         elif isinstance(ev, Data):
@@ -274,8 +281,9 @@ class Instance:
         else:  # RecvReady: the real rank posted a receive from the emulated peer
             q = self.expect_recv.get(key)
             if not q:
-                raise ProtocolError(self._where(conn, f"unexpected NOTIFY_RECV_READY of {ev.length} bytes"))
+                raise ProtocolError(self._unexpected(conn, "NOTIFY_RECV_READY", ev.length, "recv"))
             m = self._check_len(conn, q.popleft(), ev.length, "receives")
+            self.last_step[(*key, "recv")] = m.step
             deps, content = self.schedule.origin(conn.emu, m.step, self.group.real)
             p = _PendingSend(conn, m, 0, content)
             for ref in deps:

@@ -132,9 +132,14 @@ class Run:
         try:
             lines = (self.dir / "controller.log").read_text().strip().splitlines()
         except OSError:
-            return "no log"
+            lines = []
         errs = [ln for ln in lines if "error:" in ln]
-        return (errs or lines or ["no output"])[-1].split("error: ", 1)[-1]
+        if errs:
+            return errs[-1].split("error: ", 1)[-1]
+        code = self.controller.returncode if self.controller else None
+        if code is not None and code < 0:
+            return f"the controller died (signal {-code})"
+        return f"the controller exited with status {code}"
 
     def torchrun_env(self, observer_addr: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -181,15 +186,15 @@ class Run:
         self.start_torchruns(self.torchrun_env(info["observer"]))
         while True:
             if self.controller.poll() is not None:
+                self.let_real_ranks_fail()
                 raise LaunchError(f"controller failed: {self.controller_cause()}")
             codes = [p.poll() for p in self.torchruns]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
                 reply = self.shutdown("a real node failed")
-                cause = f"torchrun exited with status {failed[0]}"
                 if reply is not None and reply.error:
-                    cause += f"; controller: {reply.error}"
-                raise LaunchError(f"the job failed on a real node ({cause})")
+                    raise LaunchError(f"{reply.error} (the real node's torchrun exited with status {failed[0]})")
+                raise LaunchError(f"the job failed on a real node: torchrun exited with status {failed[0]}")
             if all(c == 0 for c in codes):
                 break
             time.sleep(0.1)
@@ -202,6 +207,13 @@ class Run:
         if trace_out:
             Path(trace_out).write_text(json.dumps(trace, indent=1))
         return 0
+
+    def let_real_ranks_fail(self, grace: float = 15.0) -> None:
+        """With the controller gone the real ranks' next collective fails on its own;
+        give them that chance (their errors are the useful log) before stopping them."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.torchruns):
+            time.sleep(0.1)
 
     def shutdown(self, reason: str):
         if self.controller is None or self.controller.poll() is not None or not self.control_addr:

@@ -1,0 +1,164 @@
+"""Bad input and failures end the run with one line and a non-zero status, in
+bounded time, and leave no process behind (the `run` fixture checks that)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+from conftest import EXAMPLE, ROOT, SCRIPTS, tagged_processes
+
+COLLECTIVES = str(SCRIPTS / "collectives.py")
+
+
+def test_real_node_outside_the_world(run):
+    res = run("torchrun", "--nnodes", "4", "--real-nodes", "0,4", EXAMPLE, timeout=60)
+    assert res.rc == 2
+    assert (
+        res.last_error == "neuronabox: error: --real-nodes names node 4, outside the emulated world of 4 nodes (0..3)"
+    )
+    assert res.seconds < 30
+
+
+def test_elastic_node_range_is_refused(run):
+    res = run("torchrun", "--nnodes", "1:4", EXAMPLE, timeout=60)
+    assert res.rc == 2 and "--nnodes must be a fixed whole number" in res.last_error
+
+
+def test_torch_with_an_unsupported_rank_record_layout(run, tmp_path):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "2.1.2"\n')
+    res = run("torchrun", "--nnodes", "4", EXAMPLE, env={"PYTHONPATH": str(tmp_path)}, timeout=60)
+    assert res.rc == 1
+    assert "rank-record layout is not supported" in res.last_error
+
+
+def test_a_frame_that_does_not_match_the_collective(run):
+    # Without the observer a 25 MiB allreduce's segmentation is not on the wire; the
+    # guess is wrong, and the first frame that contradicts it ends the run.
+    res = run("torchrun", "--nnodes", "2", "--no-observer", COLLECTIVES, "--sizes", "6553600", "--dtypes", "float32")
+    assert res.rc == 1
+    err = res.last_error
+    assert "allreduce #0 of group '0'" in err and "rank pair 0<->1" in err and "step" in err
+    assert res.seconds < 120
+
+
+def test_a_collective_the_dialect_does_not_know(run):
+    res = run("torchrun", "--nnodes", "3", COLLECTIVES, "--sizes", "8", "--dtypes", "float32", "--alltoall")
+    assert res.rc == 1
+    assert "slot prefix 8 (alltoall)" in res.last_error and "group '0'" in res.last_error
+
+
+def test_a_real_rank_that_crashes_mid_run(run):
+    res = run("torchrun", "--nnodes", "8", COLLECTIVES, "--repeat", "5", "--crash-at", "2", "--sizes", "1024")
+    assert res.rc == 1
+    assert "torchrun exited with status" in res.last_error
+    assert res.seconds < 120
+
+
+def test_a_controller_that_dies_fails_the_real_ranks():
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, NEURONABOX_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neuronabox.cli",
+            "torchrun",
+            "--nnodes",
+            "4",
+            COLLECTIVES,
+            "--repeat",
+            "100000",
+            "--sleep",
+            "0.02",
+            "--sizes",
+            "1024",
+            "--dtypes",
+            "float32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        controller = None
+        deadline = time.monotonic() + 120
+        while controller is None and time.monotonic() < deadline:
+            for p in tagged_processes(tag):
+                if "neuronabox.controller.main" in " ".join(p.cmdline()):
+                    controller = p
+            time.sleep(0.2)
+        assert controller is not None
+        # wait until collectives flow, then kill the controller outright
+        time.sleep(8)
+        assert proc.poll() is None
+        os.kill(controller.pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+        assert time.monotonic() - t_kill < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "neuronabox: error: controller failed: the controller died (signal 9)" in err
+    # the real rank's own Gloo noticed: it failed, it did not hang
+    assert "Connection reset by peer" in err or "Connection closed by peer" in err
+    deadline = time.monotonic() + 10
+    while tagged_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not tagged_processes(tag)
+
+
+def test_status_of_a_live_run():
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, NEURONABOX_TEST_TAG=tag)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "neuronabox.cli",
+            "torchrun",
+            "--nnodes",
+            "16",
+            COLLECTIVES,
+            "--repeat",
+            "60",
+            "--sleep",
+            "0.1",
+            "--sizes",
+            "4096",
+            "--dtypes",
+            "float32",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            st = subprocess.run(
+                [sys.executable, "-m", "neuronabox.cli", "status"], capture_output=True, text=True, cwd=ROOT, timeout=30
+            )
+            if st.returncode == 0 and "state running" in st.stdout and "allreduce" in st.stdout:
+                seen = st.stdout
+                break
+            time.sleep(0.5)
+        assert "world 16" in seen and "real ranks [0]" in seen
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert "allreduce" in out and "barrier" in out
+    assert not psutil.pid_exists(proc.pid) or proc.poll() is not None
