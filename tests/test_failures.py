@@ -22,7 +22,6 @@ def test_real_node_outside_the_world(run):
     assert (
         res.last_error == "neuronabox: error: --real-nodes names node 4, outside the emulated world of 4 nodes (0..3)"
     )
-    assert res.seconds < 30
 
 
 def test_elastic_node_range_is_refused(run):
