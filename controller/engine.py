@@ -69,16 +69,19 @@ class InstanceRecord:
     end: float
     per_rank: dict[int, tuple[float, float]]
     geometry: str
+    loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
 
 
-@dataclass(eq=False)
 class _PendingSend:
     """An emulated rank's send to a real rank, waiting for its dependencies."""
 
-    conn: Conn
-    msg: Msg  # from the real rank's point of view: peer=emulated sender
-    missing: int
-    content: SendRef | None
+    __slots__ = ("conn", "msg", "missing", "content")
+
+    def __init__(self, conn: Conn, msg: Msg, missing: int, content: SendRef | None) -> None:
+        self.conn = conn
+        self.msg = msg  # from the real rank's point of view: peer = the emulated sender
+        self.missing = missing
+        self.content = content
 
 
 class Instance:
@@ -182,6 +185,8 @@ class Instance:
         last segment's length is open and it is read off the wire when it comes.
         Otherwise the tensor size is not on the wire: the observer is asked.
         """
+        if self.meta_state == "requested":
+            return None  # the observer's answer installs the schedule
         lens = [e.length for evs in self.first_notice.values() for _, e in evs if not isinstance(e, Data)]
         seg = max(lens)
         w = self.group.world
@@ -190,20 +195,19 @@ class Instance:
             self.meta_state = "requested"
             if self.engine.request_meta(self.group.name, self.tag, self.buffered[0][0].real):
                 return None
-        if self.meta_state == "requested":
-            return None
+            self.meta_state = "unavailable"
         num = 2 * w if seg <= MAX_SEGMENT_BYTES * 2 // 3 else 3 * w
         geo = RingGeometry(w, num * seg, num, seg, last_known=False)
         self.geometry = f"segments={num}x{seg} ({'wire' if certain else 'guessed from the wire'})"
         self.nbytes = geo.total
-        return RingAllreduce(geo)
+        return RingAllreduce.of(geo)
 
     def on_meta(self, numel: int, elem: int) -> None:
         geo = RingGeometry.for_tensor(self.group.world, numel * elem, elem)
         self.geometry = f"segments={geo.num_segments}x{geo.segment_bytes} (observer)"
         self.nbytes = geo.total
         self.meta_state = "answered"
-        self._install(RingAllreduce(geo))
+        self._install(RingAllreduce.of(geo))
 
     def meta_unavailable(self) -> None:
         self.meta_state = "unavailable"
@@ -222,11 +226,28 @@ class Instance:
                     self.expect_recv.setdefault((r, m.peer), deque()).append(m)
                     self.boundary += 1
         self.remaining = self.boundary
+        self._post_receives()
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._dispatch(conn, ev)
         if self.remaining == 0:
             self.engine._complete(self)
+
+    def _post_receives(self) -> None:
+        """The emulated receivers post every receive the real ranks will send into, at
+        once (zero delay): the real rank's data then flows without a round trip, and the
+        notices for one pair leave in a single write."""
+        seg = getattr(getattr(self.schedule, "geo", None), "segment_bytes", 0)
+        for (r, e), q in self.expect_send.items():
+            conn = self.engine.conn_of(self.group, r, e)
+            if conn is None:  # not connected yet: posted when the pair opens
+                self.engine.unposted.setdefault((self.group.name, r, e), []).append((self, list(q)))
+                continue
+            self._post(conn, q, seg)
+
+    def _post(self, conn: Conn, msgs, seg: int) -> None:
+        pair = conn.pair
+        self.engine.emit(conn, b"".join(pair.recv_ready(self.slot, m.nbytes if m.nbytes >= 0 else seg) for m in msgs))
 
     # -- try-receive / try-send ---------------------------------------------------
     def _where(self, conn: Conn, what: str, step: int | None = None) -> str:
@@ -260,8 +281,7 @@ class Instance:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_SEND_READY", ev.length, "send"))
             m = self._check_len(conn, q.popleft(), ev.length, "sends")
             self.last_step[(*key, "send")] = m.step
-            self.expect_data.setdefault(key, deque()).append(m)
-            self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
+            self.expect_data.setdefault(key, deque()).append(m)  # its receive is already posted
         elif isinstance(ev, Data):
             q = self.expect_data.get(key)
             if not q:
@@ -326,8 +346,11 @@ class Engine:
         emit: Callable[[Conn, bytes], None],
         request_meta: Callable[[str, int, int], bool] | None = None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
+        conn_of: Callable[[Group, int, int], Conn | None] | None = None,
     ) -> None:
         self.emit = emit
+        self.conn_of = conn_of or (lambda group, real, emu: None)
+        self.unposted: dict[tuple[str, int, int], list[tuple[Instance, list[Msg]]]] = {}
         self.request_meta = request_meta
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
@@ -347,6 +370,12 @@ class Engine:
                 )
             inst = self.instances[key] = Instance(self, conn.group, ev.slot)
         inst.feed(conn, ev)
+
+    def on_connected(self, conn: Conn) -> None:
+        """A pair opened: post the receives instances created before it could not."""
+        for inst, msgs in self.unposted.pop((conn.group.name, conn.real, conn.emu), ()):
+            seg = getattr(getattr(inst.schedule, "geo", None), "segment_bytes", 0)
+            inst._post(conn, msgs, seg)
 
     def on_meta(self, group: str, slot: int, numel: int | None, elem: int = 1) -> None:
         """The observer's answer for an allreduce: its element count and size, or None."""
@@ -372,6 +401,7 @@ class Engine:
             now,
             {r: (a, b) for r, (a, b) in inst.rank_times.items()},
             inst.geometry,
+            time.thread_time(),
         )
         self.records.append(rec)
         if self.on_complete:

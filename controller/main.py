@@ -72,10 +72,12 @@ class Controller:
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._route_seq
         self.driver.periodic = self._periodic
+        self.driver.on_open = lambda conn: self.driver.engine.on_connected(conn)
         self.conns: dict[tuple[int, int], Conn] = {}
         self.hub = ObserverHub(cfg.control_host, self.driver.register_extra, self.driver.unregister_extra)
         self.hub.on_reply = self._on_meta_reply
-        self._queries: dict[int, tuple[str, int]] = {}
+        self.hub.on_lost = self._observer_lost
+        self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.service = ControlService(self.snapshot, self.request_stop)
         self.server, self.control_port = serve(self.service, cfg.control_host)
@@ -87,15 +89,29 @@ class Controller:
             emit=driver.write,
             request_meta=self._request_meta if self.cfg.observer else None,
             on_complete=self.records.append,
+            conn_of=self._open_conn,
         )
 
+    def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
+        conn = self.conns.get((real, emu))
+        return conn if conn is not None and conn in self.driver.socks else None
+
     def _request_meta(self, group: str, tag: int, real: int) -> bool:
+        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, "kind": "all_reduce"}):
+            return False
         self._qid += 1
-        self._queries[self._qid] = (group, make_slot(SlotPrefix.ALLREDUCE, tag))
-        return self.hub.ask(real, {"q": self._qid, "pg": group, "tag": tag, "kind": "all_reduce"})
+        self._queries[self._qid] = (group, make_slot(SlotPrefix.ALLREDUCE, tag), real)
+        return True
+
+    def _observer_lost(self, rank: int) -> None:
+        """A real rank's observer went away: its open questions fall back to the wire."""
+        for q, (group, slot, real) in list(self._queries.items()):
+            if real == rank:
+                del self._queries[q]
+                self.driver.engine.on_meta(group, slot, None)
 
     def _on_meta_reply(self, msg: dict) -> None:
-        group, slot = self._queries.pop(msg["q"], (None, None))
+        group, slot, _ = self._queries.pop(msg["q"], (None, None, None))
         if group is None:
             return
         numel, dtype = msg.get("numel"), msg.get("dtype")
@@ -278,6 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with open(argv[0]) as f:
         cfg = ControllerConfig.loads(f.read())
+    profile = os.environ.get("NEURONABOX_PROFILE")
+    if profile:  # developer aid: cProfile the controller into this file
+        import cProfile
+
+        prof = cProfile.Profile()
+        try:
+            return prof.runcall(Controller(cfg).run)
+        finally:
+            prof.dump_stats(profile)
     return Controller(cfg).run()
 
 

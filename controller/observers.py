@@ -6,7 +6,6 @@ count and size) and hears of optimizer steps. JSON lines over TCP.
 from __future__ import annotations
 
 import json
-import selectors
 import socket
 from collections.abc import Callable
 
@@ -27,6 +26,7 @@ class ObserverHub:
         self._rank_of: dict[socket.socket, int] = {}
         self.steps: list[tuple[int, float]] = []
         self.on_reply: Callable[[dict], None] | None = None
+        self.on_lost: Callable[[int], None] | None = None
         register(self.sock, self._accept)
 
     def _accept(self, _mask: int) -> None:
@@ -67,6 +67,8 @@ class ObserverHub:
         if r is not None and self.by_rank.get(r) is s:
             del self.by_rank[r]
         s.close()
+        if r is not None and self.on_lost:
+            self.on_lost(r)
 
     def ask(self, rank: int, query: dict) -> bool:
         s = self.by_rank.get(rank)
@@ -86,7 +88,3 @@ class ObserverHub:
             self._close(s)
         self._unregister(self.sock)
         self.sock.close()
-
-    @staticmethod
-    def events() -> int:
-        return selectors.EVENT_READ

@@ -199,6 +199,10 @@ class Run:
                 break
             time.sleep(0.1)
         reply = self.shutdown("job finished")
+        try:
+            self.controller.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
         if reply is None or reply.state == "failed":
             raise LaunchError(f"controller failed: {reply.error if reply is not None else self.controller_cause()}")
         trace = json.loads(reply.trace_json) if reply.trace_json else {}

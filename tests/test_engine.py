@@ -3,6 +3,7 @@ every byte the controller writes goes through a real-side `GlooPair`, which
 refuses anything Gloo would kill the pair for."""
 
 import itertools
+from collections import deque
 
 import pytest
 from neuronabox.controller.dialects.gloo.protocol import Data, GlooPair, RecvReady
@@ -25,13 +26,15 @@ class RealSide:
     def __init__(self, world, real, sched, slot, meta=None):
         self.group = Group("0", world, RealRanks(real, world))
         self.sched, self.slot = sched, slot
-        self.out = []  # (conn, bytes) the controller wrote
+        self.out = deque()  # (conn, bytes) the controller wrote
         self.engine = Engine(
-            emit=lambda c, b: self.out.append((c, b)), request_meta=(lambda g, t, r: True) if meta else None
+            emit=lambda c, b: self.out.append((c, b)),
+            request_meta=(lambda g, t, r: True) if meta else None,
+            conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
         self.meta = meta
         self.conns, self.mirror = {}, {}
-        self.sends, self.got = {}, {}
+        self.sends, self.got, self.credits = {}, {}, {}
         for r in real:
             for m in sched.sends(r) + sched.recvs(r):
                 if m.peer not in self.group.real and (r, m.peer) not in self.conns:
@@ -57,21 +60,32 @@ class RealSide:
                     self.feed(r, m.peer, self.mirror[(r, m.peer)].recv_ready(self.slot, m.nbytes))
             for m in self.sched.sends(r):
                 if m.peer not in self.group.real:
-                    self.sends.setdefault((r, m.peer), []).append(m)
-                    self.feed(r, m.peer, self.mirror[(r, m.peer)].send_ready(self.slot, m.nbytes))
+                    self.announce(r, m)
         if self.meta:
             self.engine.on_meta("0", self.slot, *self.meta)
 
+    def announce(self, r, m):
+        """Real rank r calls send(): NOTIFY_SEND_READY now, data once a receive is posted."""
+        key = (r, m.peer)
+        self.sends.setdefault(key, deque()).append(m)
+        self.feed(r, m.peer, self.mirror[key].send_ready(self.slot, m.nbytes))
+        self.serve(key)
+
+    def serve(self, key):
+        while self.credits.get(key) and self.sends.get(key):
+            self.credits[key] -= 1
+            m = self.sends[key].popleft()
+            data = self.payload(key[0], m.step, m.nbytes)
+            self.feed(key[0], key[1], self.mirror[key].data(self.slot, data))
+
     def pump(self):
         while self.out:
-            conn, raw = self.out.pop(0)
+            conn, raw = self.out.popleft()
             key = (conn.real, conn.emu)
             for ev in self.mirror[key].receive(raw):  # raises on any wire-rule violation
                 if isinstance(ev, RecvReady):
-                    m = self.sends[key].pop(0)
-                    self.feed(
-                        conn.real, conn.emu, self.mirror[key].data(self.slot, self.payload(conn.real, m.step, m.nbytes))
-                    )
+                    self.credits[key] = self.credits.get(key, 0) + 1
+                    self.serve(key)
                 elif isinstance(ev, Data):
                     self.got.setdefault(key, []).append(ev.payload)
 
@@ -147,8 +161,7 @@ def test_barrier_holds_an_emulated_release_until_the_other_real_rank_arrives():
             side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, 0))
     side.pump()
     assert (0, 7) in side.got and (0, 6) not in side.got  # round 1 from rank 6 waits for rank 5
-    side.sends[(5, 6)] = [sched.sends(5)[0]]  # rank 5 enters: its round-0 send to rank 6
-    side.feed(5, 6, side.mirror[(5, 6)].send_ready(side.slot, 0))
+    side.announce(5, sched.sends(5)[0])  # rank 5 enters: its round-0 send to rank 6
     side.pump()
     assert (0, 6) in side.got
 

@@ -84,6 +84,7 @@ def test_parses_frames_split_at_any_byte():
     for i in range(len(stream)):
         events += pair.receive(stream[i : i + 1])
     assert events == [RecvReady(SLOT, 16), SendReady(SLOT, 4), Data(SLOT, b"abcd")]
+    assert [type(e) for e in events] == [RecvReady, SendReady, Data]
 
 
 def test_no_data_before_the_peers_receive_notice():

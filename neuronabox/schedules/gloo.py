@@ -14,14 +14,15 @@ distance to the nearest real rank), never O(world).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from functools import cache
+from typing import NamedTuple, Protocol
 
 MAX_SEGMENT_BYTES = 1 << 20  # Gloo's AllreduceOptions::maxSegmentSize default
 
 
-@dataclass(frozen=True, slots=True)
-class Msg:
+class Msg(NamedTuple):
     """One message in a rank's program: to/from `peer`, at `step`, `nbytes` long."""
 
     peer: int
@@ -62,9 +63,9 @@ class RealRanks:
 class Schedule(Protocol):
     world: int
 
-    def sends(self, rank: int) -> list[Msg]: ...
+    def sends(self, rank: int) -> Sequence[Msg]: ...
 
-    def recvs(self, rank: int) -> list[Msg]: ...
+    def recvs(self, rank: int) -> Sequence[Msg]: ...
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         """For emulated `rank`'s send at `step`: (real sends it waits for, real send whose bytes it carries)."""
@@ -133,21 +134,39 @@ class RingAllreduce:
         base = rank + (1 if recv else 0)
         return ((base * spr) + t - p) % g.num_segments
 
-    def _msgs(self, rank: int, recv: bool) -> list[Msg]:
+    def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
         g = self.geo
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
+        num, seg_bytes, total, spr, p = g.num_segments, g.segment_bytes, g.total, g.per_rank, g.phase_steps
+        last_open = not g.last_known
         out = []
-        for t in range(2 * g.phase_steps):
-            n = g.seg_len(self._seg(rank, t, recv))
-            if n != 0:
-                out.append(Msg(peer, t, n))
-        return out
+        for t in range(2 * p):
+            if t < p:
+                seg = ((rank + (2 if recv else 1)) * spr + t) % num
+            else:
+                seg = ((rank + (1 if recv else 0)) * spr + t - p) % num
+            if last_open and seg == num - 1:
+                n = -1
+            else:
+                n = min(seg_bytes, total - seg * seg_bytes)
+                if n <= 0:
+                    continue
+            out.append(Msg(peer, t, n))
+        return tuple(out)
 
-    def sends(self, rank: int) -> list[Msg]:
+    def sends(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=False)
 
-    def recvs(self, rank: int) -> list[Msg]:
+    def recvs(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=True)
+
+    @staticmethod
+    @cache
+    def of(geo: RingGeometry) -> RingAllreduce:
+        """One shared, pure schedule per geometry: DDP repeats its bucket sizes every step."""
+        sched = RingAllreduce(geo)
+        sched._msgs = cache(sched._msgs)  # type: ignore[method-assign]
+        return sched
 
     def offset(self, rank: int, t: int, recv: bool) -> int:
         return self._seg(rank, t, recv) * self.geo.segment_bytes

@@ -9,7 +9,7 @@ the posted receive, NOTIFY_SEND_READY before data. Sockets live in driver.py.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .wire import PREAMBLE, PREAMBLE_SIZE, Opcode
 
@@ -18,20 +18,23 @@ class WireError(Exception):
     """A frame that breaks the Gloo protocol, from either side."""
 
 
-@dataclass(frozen=True, slots=True)
-class RecvReady:
+class RecvReady(NamedTuple):
+    """The peer posted a receive of `length` bytes on `slot`."""
+
     slot: int
     length: int
 
 
-@dataclass(frozen=True, slots=True)
-class SendReady:
+class SendReady(NamedTuple):
+    """The peer has a send of `length` bytes pending on `slot`."""
+
     slot: int
     length: int
 
 
-@dataclass(frozen=True, slots=True)
-class Data:
+class Data(NamedTuple):
+    """A payload for `slot`."""
+
     slot: int
     payload: bytes
 

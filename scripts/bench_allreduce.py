@@ -1,0 +1,119 @@
+"""Allreduce under emulation vs an all-real 2-rank run, zero-delay model.
+
+Prints a table: the allreduce's median time on the real rank at several
+emulated world sizes, the same allreduce in an all-real 2-rank run, and the
+controller's CPU time per boundary message (its loop thread, over the timed
+repetitions only). Usage: python scripts/bench_allreduce.py [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "allreduce_loop.py")
+SIZES = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("25 MiB", 25 << 20)]
+WORLDS = [2, 64, 512]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def result(out: str) -> dict:
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"no result in output:\n{out[-2000:]}")
+
+
+def all_real(nbytes: int, reps: int) -> float:
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        f"--master-port={free_port()}",
+        WORKER,
+        "--bytes",
+        str(nbytes),
+        "--reps",
+        str(reps),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=True).stdout
+    return result(out)["median_s"]
+
+
+def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[float, float, int]:
+    with tempfile.TemporaryDirectory() as d:
+        trace = Path(d) / "trace.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "neuronabox.cli",
+            "torchrun",
+            "--nnodes",
+            str(nnodes),
+            "--trace",
+            str(trace),
+            WORKER,
+            "--bytes",
+            str(nbytes),
+            "--reps",
+            str(reps),
+            "--warmup",
+            str(warmup),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-3000:])
+        med = result(proc.stdout)["median_s"]
+        inst = [i for i in json.loads(trace.read_text())["instances"] if i["kind"] == "allreduce"]
+        timed = inst[-reps:]
+        before = inst[-reps - 1]
+        # barriers between the allreduces complete inside the window too: count their messages
+        allinst = json.loads(trace.read_text())["instances"]
+        window = [i for i in allinst if before["loop_cpu"] < i["loop_cpu"] <= timed[-1]["loop_cpu"]]
+        msgs = sum(i["boundary_messages"] for i in window)
+        cpu = timed[-1]["loop_cpu"] - before["loop_cpu"]
+        return med, cpu / msgs, timed[0]["boundary_messages"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    rows = []
+    for label, nbytes in SIZES:
+        ref = all_real(nbytes, args.reps)
+        for w in WORLDS:
+            med, per_msg, msgs = emulated(w, nbytes, args.reps)
+            rows.append((label, w, med, ref, msgs, per_msg))
+            print(f"  done {label} nnodes={w}", file=sys.stderr, flush=True)
+    cols = [
+        "allreduce",
+        "--nnodes",
+        "time on real rank (median)",
+        "all-real 2 ranks",
+        "boundary msgs / op",
+        "controller CPU / msg",
+    ]
+    print("| " + " | ".join(cols) + " |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, w, med, ref, msgs, per_msg in rows:
+        print(f"| {label} | {w} | {med * 1e3:.3f} ms | {ref * 1e3:.3f} ms | {msgs} | {per_msg * 1e6:.1f} us |")
+
+
+if __name__ == "__main__":
+    main()
