@@ -9,16 +9,14 @@ import json
 import socket
 from collections.abc import Callable
 
+from .net import listener
+
 
 class ObserverHub:
     def __init__(
         self, host: str, register: Callable[[object, Callable[[int], None]], None], unregister: Callable[[object], None]
     ) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.sock.listen(64)
-        self.sock.setblocking(False)
+        self.sock = listener(host, 64)
         self.address = self.sock.getsockname()
         self._register, self._unregister = register, unregister
         self.by_rank: dict[int, socket.socket] = {}

@@ -64,6 +64,21 @@ def nbx(*argv: str, timeout: float = 240, env: dict | None = None, check_clean: 
     return res
 
 
+def spawn(*argv: str) -> tuple[subprocess.Popen, str]:
+    """Start `neuronabox ARGV...` in the background; returns the process and its tag."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, NEURONABOX_TEST_TAG=tag, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuronabox.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    return proc, tag
+
+
 @pytest.fixture
 def run():
     return nbx

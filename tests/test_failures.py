@@ -8,10 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import psutil
-from conftest import EXAMPLE, ROOT, SCRIPTS, tagged_processes
+from conftest import EXAMPLE, ROOT, SCRIPTS, spawn, tagged_processes
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
 
@@ -60,31 +59,19 @@ def test_a_real_rank_that_crashes_mid_run(run):
 
 
 def test_a_controller_that_dies_fails_the_real_ranks():
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, NEURONABOX_TEST_TAG=tag, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuronabox.cli",
-            "torchrun",
-            "--nnodes",
-            "4",
-            COLLECTIVES,
-            "--repeat",
-            "100000",
-            "--sleep",
-            "0.02",
-            "--sizes",
-            "1024",
-            "--dtypes",
-            "float32",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
+    proc, tag = spawn(
+        "torchrun",
+        "--nnodes",
+        "4",
+        COLLECTIVES,
+        "--repeat",
+        "100000",
+        "--sleep",
+        "0.02",
+        "--sizes",
+        "1024",
+        "--dtypes",
+        "float32",
     )
     try:
         controller = None
@@ -114,31 +101,19 @@ def test_a_controller_that_dies_fails_the_real_ranks():
 
 
 def test_status_of_a_live_run():
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, NEURONABOX_TEST_TAG=tag)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuronabox.cli",
-            "torchrun",
-            "--nnodes",
-            "16",
-            COLLECTIVES,
-            "--repeat",
-            "60",
-            "--sleep",
-            "0.1",
-            "--sizes",
-            "4096",
-            "--dtypes",
-            "float32",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
+    proc, _ = spawn(
+        "torchrun",
+        "--nnodes",
+        "16",
+        COLLECTIVES,
+        "--repeat",
+        "60",
+        "--sleep",
+        "0.1",
+        "--sizes",
+        "4096",
+        "--dtypes",
+        "float32",
     )
     try:
         seen = ""

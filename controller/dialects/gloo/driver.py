@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ...engine import Conn, Engine, Group
+from ...net import listener
 from .protocol import GlooPair
 from .wire import SEQ
 
@@ -75,11 +76,7 @@ class GlooDriver:
 
     def __init__(self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str) -> None:
         self.sel = Poller()
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind((listen_host, 0))
-        self.listener.listen(1024)
-        self.listener.setblocking(False)
+        self.listener = listener(listen_host)
         self.address = self.listener.getsockname()
         self.sel.register(self.listener, Poller.READ, None)
         self._wake_r, self._wake_w = socket.socketpair()
