@@ -82,6 +82,7 @@ class Controller:
         self.service = ControlService(self.snapshot, self.request_stop)
         self.server, self.control_port = serve(self.service, cfg.control_host)
         self._reply_done = threading.Event()
+        self.store = None
 
     # -- engine hooks ------------------------------------------------------------------
     def _make_engine(self, driver: GlooDriver) -> Engine:
@@ -166,7 +167,9 @@ class Controller:
     # -- store thread ------------------------------------------------------------------------
     def rendezvous(self) -> None:
         try:
-            store = open_store(self.cfg)
+            # Kept for the whole run: when node 0 is emulated this object is the run's
+            # TCPStore server, which the real agents use up to their exit barrier.
+            self.store = store = open_store(self.cfg)
             self.log("store open")
             agents = EmulatedAgents(self.cfg, store)
             publish_records(store, emulated_records(self.cfg, self.driver.address))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -245,7 +246,9 @@ def torchrun_main(argv: list[str]) -> int:
         return 2
     old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        return run.execute()
+        code = run.execute()
+        shutil.rmtree(run.dir, ignore_errors=True)  # kept on failure: controller.log is there
+        return code
     except UsageError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2

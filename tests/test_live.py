@@ -42,13 +42,36 @@ def test_ddp_example_two_real_ranks(run, nnodes):
     assert "real ranks      0, 1" in res.out
 
 
-@pytest.mark.parametrize("nnodes,nproc,mode", [(2, 1, "auto"), (5, 1, "full"), (3, 2, "lazy"), (13, 1, "lazy")])
-def test_collective_values_follow_the_zero_policy(run, nnodes, nproc, mode):
-    """Every byte the real rank sends lands where the schedule says: the allreduce result
-    is the real ranks' own sum (offsets), and the engine checks every length."""
-    res = run("torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--gloo-mode", mode, COLLECTIVES)
+@pytest.mark.parametrize(
+    "nnodes,nproc,mode,real_nodes",
+    [
+        (2, 1, "auto", "0"),
+        (5, 1, "full", "0"),
+        (3, 2, "lazy", "0"),
+        (13, 1, "lazy", "0"),
+        (4, 1, "auto", "1"),
+        (4, 1, "full", "0,2"),
+    ],
+)
+def test_collective_values_follow_the_zero_policy(run, nnodes, nproc, mode, real_nodes):
+    """Every byte a real rank sends lands where the schedule says: the allreduce result
+    is the real ranks' own sum (offsets), and the engine checks every length. Real
+    nodes anywhere: node 0 emulated (the controller hosts the store), two torchruns."""
+    res = run(
+        "torchrun",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--gloo-mode",
+        mode,
+        "--real-nodes",
+        real_nodes,
+        COLLECTIVES,
+    )
     assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
-    assert res.out.count("all checks passed") == nproc
+    assert res.out.count("all checks passed") == nproc * len(real_nodes.split(","))
+    assert "Error waiting on exit barrier" not in res.err
 
 
 def test_geometry_from_the_wire_alone(run):
