@@ -114,9 +114,9 @@ class Instance:
 
     # -- geometry --------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
-        now = time.monotonic()
-        t = self.rank_times.setdefault(conn.real, [now, now])
-        t[1] = now
+        if conn.real not in self.rank_times:  # a real rank's first frame: it entered the collective
+            now = time.monotonic()
+            self.rank_times[conn.real] = [now, now]
         if self.schedule is None:
             self.buffered.append((conn, ev))
             self.first_notice.setdefault(conn.real, []).append((conn, ev))
@@ -326,8 +326,7 @@ class Instance:
         if len(payload) != n:
             what = f"forwarded {len(payload)} bytes into a {n}-byte receive"
             raise ProtocolError(self._where(p.conn, what, p.msg.step))
-        pair = p.conn.pair
-        self.engine.emit(p.conn, pair.send_ready(self.slot, n) + pair.data(self.slot, payload))
+        self.engine.emit(p.conn, p.conn.pair.send(self.slot, payload))
         self._mark(p.conn.real)
 
     def _mark(self, real: int) -> None:

@@ -90,7 +90,6 @@ class GlooDriver:
         self.engine = engine_factory(self)
         self.running = True
         self.error: BaseException | None = None
-        self.on_close: Callable[[Conn], None] | None = None
         self.on_open: Callable[[Conn], None] | None = None
         self.periodic: Callable[[], None] | None = None
         self._next_periodic = 0.0
@@ -176,8 +175,6 @@ class GlooDriver:
         entry.sock.close()
         if entry.conn is not None and self.socks.get(entry.conn) is entry:
             del self.socks[entry.conn]
-            if self.on_close:
-                self.on_close(entry.conn)
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:

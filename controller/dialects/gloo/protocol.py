@@ -45,7 +45,7 @@ Event = RecvReady | SendReady | Data
 class GlooPair:
     """One connection between a real rank and the emulated rank the controller plays."""
 
-    __slots__ = ("_buf", "_peer_posted", "_announced", "_our_posted", "_peer_announced", "frames_in", "frames_out")
+    __slots__ = ("_buf", "_peer_posted", "_announced", "_our_posted", "_peer_announced")
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -53,8 +53,6 @@ class GlooPair:
         self._announced: dict[int, int] = {}  # slot -> our NOTIFY_SEND_READY not yet followed by data
         self._our_posted: dict[int, deque[int]] = {}  # slot -> lengths we posted for the peer
         self._peer_announced: dict[int, int] = {}  # slot -> peer's send notices not yet followed by data
-        self.frames_in = 0
-        self.frames_out = 0
 
     # -- bytes in, events out ------------------------------------------------
     def receive(self, data: bytes) -> list[Event]:
@@ -91,7 +89,6 @@ class GlooPair:
                 off += PREAMBLE_SIZE
             else:
                 raise WireError(f"unsupported opcode {opcode} (bound buffers are not used by c10d)")
-            self.frames_in += 1
         if off:
             del buf[:off]
         return events
@@ -99,12 +96,10 @@ class GlooPair:
     # -- commands in, bytes out ----------------------------------------------
     def send_ready(self, slot: int, length: int) -> bytes:
         self._announced[slot] = self._announced.get(slot, 0) + 1
-        self.frames_out += 1
         return PREAMBLE.pack(PREAMBLE_SIZE, Opcode.NOTIFY_SEND_READY, slot, 0, length, 0)
 
     def recv_ready(self, slot: int, length: int) -> bytes:
         self._our_posted.setdefault(slot, deque()).append(length)
-        self.frames_out += 1
         return PREAMBLE.pack(PREAMBLE_SIZE, Opcode.NOTIFY_RECV_READY, slot, 0, length, 0)
 
     def data(self, slot: int, payload: bytes) -> bytes:
@@ -118,11 +113,9 @@ class GlooPair:
             raise WireError(f"{len(payload)}-byte payload on slot {slot:#x} exceeds the peer's {posted[0]}")
         posted.popleft()
         self._announced[slot] -= 1
-        self.frames_out += 1
         n = len(payload)
         return PREAMBLE.pack(PREAMBLE_SIZE + n, Opcode.SEND_UNBOUND_BUFFER, slot, 0, n, 0) + payload
 
-    def peer_posted(self, slot: int) -> int:
-        """How many receives the peer has posted on `slot` that we have not filled."""
-        q = self._peer_posted.get(slot)
-        return len(q) if q else 0
+    def send(self, slot: int, payload: bytes) -> bytes:
+        """NOTIFY_SEND_READY and the data frame together, as Gloo sends them."""
+        return self.send_ready(slot, len(payload)) + self.data(slot, payload)
