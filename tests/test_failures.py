@@ -58,6 +58,13 @@ def test_a_real_rank_that_crashes_mid_run(run):
     assert "torchrun exited with status" in res.last_error
 
 
+def live_status() -> str:
+    st = subprocess.run(
+        [sys.executable, "-m", "neuronabox.cli", "status"], capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    return st.stdout if st.returncode == 0 and "state running" in st.stdout else ""
+
+
 def test_a_controller_that_dies_fails_the_real_ranks():
     proc, tag = spawn(
         "torchrun",
@@ -83,7 +90,8 @@ def test_a_controller_that_dies_fails_the_real_ranks():
             time.sleep(0.2)
         assert controller is not None
         # wait until collectives flow, then kill the controller outright
-        time.sleep(8)
+        while time.monotonic() < deadline and "allreduce" not in live_status():
+            time.sleep(0.2)
         assert proc.poll() is None
         os.kill(controller.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=90)
@@ -119,11 +127,8 @@ def test_status_of_a_live_run():
         seen = ""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            st = subprocess.run(
-                [sys.executable, "-m", "neuronabox.cli", "status"], capture_output=True, text=True, cwd=ROOT, timeout=30
-            )
-            if st.returncode == 0 and "state running" in st.stdout and "allreduce" in st.stdout:
-                seen = st.stdout
+            seen = live_status()
+            if "allreduce" in seen:
                 break
             time.sleep(0.5)
         assert "world 16" in seen and "real ranks [0]" in seen
