@@ -10,7 +10,6 @@ NNODES ?= 64
 
 $(BIN)/neuronabox: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@

@@ -407,4 +407,8 @@ class Engine:
             self.on_complete(rec)
 
     def pending(self) -> list[str]:
-        return [i.name() for i in self.instances.values()]
+        """Instances in flight, with how many boundary messages each still waits for.
+        Read from other threads: list() copies the values in one step under the GIL."""
+        return [
+            f"{i.name()}: {i.remaining} of {i.boundary} boundary messages left" for i in list(self.instances.values())
+        ]

@@ -277,7 +277,7 @@ class Controller:
             ],
             boundary_messages=sum(int(v[3]) for v in kinds.values()),
             connections=len(self.driver.socks),
-            pending=[],
+            pending=self.driver.engine.pending(),
             error=self.error,
             uptime_s=time.monotonic() - self.t0,
             cpu_s=time.process_time(),

@@ -39,6 +39,8 @@ def status_main(argv: list[str]) -> int:
     )
     for k in reply.kinds:
         print(f"  {k.kind:<10} count {k.count:>6}  bytes {k.bytes:>12}  real-rank time {k.seconds:.4f} s")
+    for line in reply.pending:
+        print(f"  in flight: {line}")
     if reply.error:
         print(f"  error: {reply.error}")
     return 0
