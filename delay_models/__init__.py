@@ -1,15 +1,18 @@
 """Delay models: plugins that turn a message or a collective into time.
 
 Models are found through the `neuronabox.delay_models` entry-point group, so a
-user's package can add one. The live engine releases emulated messages as soon
-as their dependencies are met, which is exactly the `zero` model; the
-release-time scheduler that consults other models arrives with the timing work.
+user's package can add one: a class taking the run's `Topology`, with
+`message_time` and `collective_time`. The live engine releases emulated
+messages as soon as their dependencies are met, which is exactly the `zero`
+model; the release-time scheduler that consults the others is the next step.
 """
 
 from __future__ import annotations
 
 from importlib.metadata import entry_points
 from typing import Protocol
+
+from neuronabox.topology import Topology
 
 GROUP = "neuronabox.delay_models"
 
@@ -21,8 +24,10 @@ class DelayModel(Protocol):
         """Seconds one message of `nbytes` takes from rank `src` to rank `dst`."""
         ...
 
-    def collective_time(self, kind: str, nbytes: int, world: int) -> float:
-        """Predicted seconds of a whole collective instance."""
+    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
+        """Predicted seconds of one collective instance of `nbytes` (the gathered
+        total for allgather) over the first `world` ranks. Models that walk the
+        algorithm take its `schedule` from the caller (they sit below the schedules)."""
         ...
 
 
@@ -30,8 +35,8 @@ def available() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=GROUP))
 
 
-def load(name: str) -> DelayModel:
+def load(name: str, topology: Topology) -> DelayModel:
     for ep in entry_points(group=GROUP):
         if ep.name == name:
-            return ep.load()()
+            return ep.load()(topology)
     raise ValueError(f"unknown delay model {name!r}; available: {', '.join(available()) or 'none'}")

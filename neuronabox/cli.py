@@ -8,7 +8,8 @@ import sys
 
 USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [--gloo-mode auto|full|lazy]
                              [--no-observer] [--trace FILE] script.py [script args]
-       neuronabox status [--address HOST:PORT]"""
+       neuronabox status [--address HOST:PORT]
+       neuronabox topology show NAME|FILE"""
 
 
 def status_main(argv: list[str]) -> int:
@@ -46,6 +47,20 @@ def status_main(argv: list[str]) -> int:
     return 0
 
 
+def topology_main(argv: list[str]) -> int:
+    from neuronabox.topology import PRESETS, TopologyError, load
+
+    if len(argv) != 2 or argv[0] != "show":
+        print(f"usage: neuronabox topology show NAME|FILE  (presets: {', '.join(sorted(PRESETS))})", file=sys.stderr)
+        return 2
+    try:
+        print(load(argv[1]).describe())
+    except TopologyError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -58,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         return torchrun_main(rest)
     if cmd == "status":
         return status_main(rest)
+    if cmd == "topology":
+        return topology_main(rest)
     print(f"neuronabox: error: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2
 

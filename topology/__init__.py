@@ -1,23 +1,13 @@
-"""The emulated cluster: nodes, ranks per node, rank-to-node mapping."""
+"""The emulated cluster: nodes, ranks per node, link classes and switch tiers.
+
+A topology is read from a preset name or a YAML file (`--topology NAME|FILE`).
+It answers which links a message between two ranks crosses; delay models turn
+that path into time.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .model import LinkClass, Topology, TopologyError
+from .presets import PRESETS, load
 
-
-@dataclass(frozen=True)
-class Topology:
-    nnodes: int
-    ranks_per_node: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.ranks_per_node
-
-    def node_of(self, rank: int) -> int:
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
-        return rank // self.ranks_per_node
-
-    def ranks_of(self, node: int) -> range:
-        return range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node)
+__all__ = ["LinkClass", "Topology", "TopologyError", "PRESETS", "load"]

@@ -1,0 +1,59 @@
+"""The classic collective cost formulas (Thakur, Rabenseifner and Gropp 2005):
+alpha is the per-message latency and beta the bandwidth of the slowest link the
+collective crosses; n is the message size in bytes, W the world size.
+
+| kind | algorithm | time |
+| --- | --- | --- |
+| allreduce | ring | 2(W-1) alpha + 2 (W-1)/W n/beta |
+| allreduce | recursive doubling | log2(W) (alpha + n/beta) |
+| allgather | ring | (W-1) alpha + (W-1)/W n/beta (n: the gathered total) |
+| broadcast | binomial tree | ceil(log2 W) (alpha + n/beta) |
+| barrier | dissemination | ceil(log2 W) alpha |
+"""
+
+from __future__ import annotations
+
+import math
+
+from neuronabox.topology import Topology
+
+
+class CollectiveFormulas:
+    name = "collective"
+
+    def __init__(self, topology: Topology, allreduce: str = "ring") -> None:
+        self.topology = topology
+        self.allreduce = allreduce
+
+    def _alpha_beta(self, world: int) -> tuple[float, float]:
+        t = self.topology
+        if world <= t.ranks_per_node:
+            links = [t.intra]
+        elif world <= t.ranks_per_node * t.nodes_per_switch:
+            links = [t.inter] * 2
+        else:
+            links = [t.inter] * (2 * t.switch_tiers)
+        return sum(lc.latency for lc in links), min(lc.bandwidth for lc in links)
+
+    def message_time(self, src: int, dst: int, nbytes: int) -> float:
+        path = self.topology.path(src, dst)
+        if not path:
+            return 0.0
+        return sum(lc.latency for lc in path) + nbytes / min(lc.bandwidth for lc in path)
+
+    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
+        if world <= 1:
+            return 0.0
+        a, b = self._alpha_beta(world)
+        w = world
+        if kind == "allreduce":
+            if self.allreduce == "recursive-doubling":
+                return math.log2(w) * (a + nbytes / b)
+            return 2 * (w - 1) * a + 2 * (w - 1) / w * nbytes / b
+        if kind == "allgather":
+            return (w - 1) * a + (w - 1) / w * nbytes / b
+        if kind == "broadcast":
+            return math.ceil(math.log2(w)) * (a + nbytes / b)
+        if kind == "barrier":
+            return math.ceil(math.log2(w)) * a
+        raise ValueError(f"no cost formula for collective kind {kind!r}")

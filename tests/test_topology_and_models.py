@@ -1,0 +1,178 @@
+"""Topologies (presets, files, errors that name the field) and the delay models."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from neuronabox.delay_models import available, load
+from neuronabox.delay_models.collective import CollectiveFormulas
+from neuronabox.topology import PRESETS, LinkClass, Topology, TopologyError
+from neuronabox.topology import load as load_topology
+from neuronabox.topology.presets import from_dict, parse_bandwidth, parse_latency
+
+from neuronabox.schedules.gloo import (
+    BinomialBroadcast,
+    DisseminationBarrier,
+    RingAllgather,
+    RingAllreduce,
+    RingGeometry,
+)
+
+KINDS = ("allreduce", "allgather", "broadcast", "barrier")
+
+
+def schedule(kind: str, nbytes: int, world: int):
+    """The Gloo schedule the caller hands a model (models sit below the schedules)."""
+    if kind == "allreduce":
+        return RingAllreduce.of(RingGeometry.for_tensor(world, nbytes, 1))
+    if kind == "allgather":
+        return RingAllgather(world, nbytes // world)
+    if kind == "broadcast":
+        return BinomialBroadcast(world, 0, nbytes)
+    return DisseminationBarrier(world)
+
+
+def cost(model, kind, nbytes, world):
+    return model.collective_time(kind, nbytes, world, schedule(kind, nbytes, world))
+
+
+def test_units():
+    assert parse_bandwidth("100Gb/s", "x") == 100e9 / 8
+    assert parse_bandwidth("25Gbps", "x") == 25e9 / 8
+    assert parse_bandwidth("900GB/s", "x") == 900e9
+    assert parse_latency("1.5us", "x") == pytest.approx(1.5e-6)
+    assert parse_latency("2ms", "x") == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_load(name):
+    t = load_topology(name)
+    assert t.world_size == t.nnodes * t.ranks_per_node
+    assert t.inter.bandwidth < t.intra.bandwidth or name == "cpu-25gbe"
+
+
+def test_paths_follow_nodes_and_switches():
+    t = load_topology("nvlink-400g").with_nodes(64, 8)
+    assert t.path(0, 0) == []
+    assert t.path(0, 7) == [t.intra]  # same node
+    assert t.path(0, 8) == [t.inter, t.inter]  # same leaf switch
+    assert t.path(0, 8 * 32) == [t.inter] * 4  # across the spine
+
+
+@pytest.mark.parametrize(
+    "doc,field",
+    [
+        ({"links": {"intra": {"bandwidth": "1GB/s", "latency": "1us"}}}, "links.inter"),
+        (
+            {
+                "links": {
+                    "intra": {"bandwidth": "fast", "latency": "1us"},
+                    "inter": {"bandwidth": "1GB/s", "latency": "1us"},
+                }
+            },
+            "links.intra.bandwidth",
+        ),
+        (
+            {
+                "links": {
+                    "intra": {"bandwidth": "1GB/s", "latency": "soon"},
+                    "inter": {"bandwidth": "1GB/s", "latency": "1us"},
+                }
+            },
+            "links.intra.latency",
+        ),
+        (
+            {
+                "nodes": 0,
+                "links": {
+                    "intra": {"bandwidth": "1GB/s", "latency": "1us"},
+                    "inter": {"bandwidth": "1GB/s", "latency": "1us"},
+                },
+            },
+            "nodes",
+        ),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_invalid_topologies_name_the_field(doc, field):
+    with pytest.raises(TopologyError, match=rf"^{field}[:.]"):
+        from_dict(doc)
+
+
+def test_topology_file_and_cli(tmp_path):
+    f = tmp_path / "lab.yaml"
+    f.write_text(
+        "name: lab\nnodes: 4\nranks_per_node: 2\nlinks:\n  intra: {bandwidth: 10GB/s, latency: 1us}\n"
+        "  inter: {bandwidth: 10Gb/s, latency: 20us}\n"
+    )
+    t = load_topology(str(f))
+    assert (t.name, t.world_size, t.inter.bandwidth) == ("lab", 8, 10e9 / 8)
+    ok = subprocess.run(
+        [sys.executable, "-m", "neuronabox.cli", "topology", "show", str(f)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert ok.returncode == 0 and "4 x 2 ranks = 8 ranks" in ok.stdout
+    f.write_text("links:\n  intra: {bandwidth: 10GB/s, latency: 1us}\n  inter: {bandwidth: 10, latency: 20us}\n")
+    bad = subprocess.run(
+        [sys.executable, "-m", "neuronabox.cli", "topology", "show", str(f)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "links.inter.bandwidth" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+def test_models_are_found_through_entry_points():
+    assert {"zero", "alpha-beta", "collective"} <= set(available())
+    with pytest.raises(ValueError, match="unknown delay model"):
+        load("nope", load_topology("ib-100g"))
+
+
+def slower(t: Topology, latency: float = 1.0, bandwidth: float = 1.0) -> Topology:
+    def scale(lc):
+        return LinkClass(lc.name, lc.bandwidth * bandwidth, lc.latency * latency)
+
+    return Topology(
+        t.name, t.nnodes, t.ranks_per_node, scale(t.intra), scale(t.inter), t.nodes_per_switch, t.switch_tiers
+    )
+
+
+@pytest.mark.parametrize("model", ["alpha-beta", "collective"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_models_are_monotone(model, kind):
+    """More latency, less bandwidth, a larger world: never faster."""
+    base = load_topology("ib-100g").with_nodes(1024, 1)
+    for nbytes in (4 << 10, 1 << 20, 64 << 20):
+        t0 = cost(load(model, base), kind, nbytes, 64)
+        assert cost(load(model, slower(base, latency=2)), kind, nbytes, 64) > t0
+        assert cost(load(model, slower(base, bandwidth=0.5)), kind, nbytes, 64) >= t0
+        times = [cost(load(model, base), kind, nbytes, w) for w in (2, 16, 128, 1024)]
+        assert times == sorted(times)
+
+
+def test_classic_formulas_on_known_numbers():
+    t = Topology("t", 4, 1, LinkClass("intra", 1e10, 1e-6), LinkClass("inter", 1e9, 5e-6), 8, 2)
+    m = CollectiveFormulas(t)
+    a, b = 10e-6, 1e9  # two inter hops up and down the leaf; bottleneck 1 GB/s
+    assert m.collective_time("allreduce", 1 << 20, 4) == pytest.approx(6 * a + 1.5 * (1 << 20) / b)
+    assert m.collective_time("broadcast", 1000, 4) == pytest.approx(2 * (a + 1000 / b))
+    assert m.collective_time("barrier", 0, 4) == pytest.approx(2 * a)
+    assert CollectiveFormulas(t, "recursive-doubling").collective_time("allreduce", 1000, 4) == pytest.approx(
+        2 * (a + 1000 / b)
+    )
+
+
+def test_alpha_beta_walks_gloos_schedule():
+    """Gloo's ring has 2W segments: 4(W-1) steps, each one segment over the slowest hop."""
+    t = load_topology("ib-100g").with_nodes(8, 1)
+    m = load("alpha-beta", t)
+    n = 8 << 20
+    per_step = 2 * t.inter.latency + (n // 16) / t.inter.bandwidth
+    assert cost(m, "allreduce", n, 8) == pytest.approx(4 * 7 * per_step)
+    with pytest.raises(ValueError, match="needs the allreduce schedule"):
+        m.collective_time("allreduce", n, 8)

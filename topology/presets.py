@@ -1,0 +1,144 @@
+"""Preset clusters and the YAML topology file format.
+
+    name: my-cluster
+    nodes: 64                # the run's --nnodes overrides it
+    ranks_per_node: 8
+    links:
+      intra: {bandwidth: 900GB/s, latency: 2us}
+      inter: {bandwidth: 400Gb/s, latency: 3us}
+    switches: {tiers: 2, nodes_per_switch: 32}
+
+Bandwidths take b/s or B/s with k, M, G, T prefixes ("25Gbps", "100Gb/s",
+"900GB/s"); latencies take ns, us, ms or s.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .model import LinkClass, Topology, TopologyError
+
+_BW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKMGT]?)(b|B)(?:ps|/s)\s*$")
+_LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)\s*$")
+_SCALE = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_TIME = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_bandwidth(text: object, field: str) -> float:
+    """Bytes per second."""
+    m = _BW.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise TopologyError(f"{field}: expected a bandwidth such as '100Gb/s' or '25GB/s', got {text!r}")
+    value = float(m.group(1)) * _SCALE[m.group(2)]
+    return value / 8 if m.group(3) == "b" else value
+
+
+def parse_latency(text: object, field: str) -> float:
+    """Seconds."""
+    m = _LAT.match(str(text))
+    if not m:
+        raise TopologyError(f"{field}: expected a latency such as '2us' or '1.5ms', got {text!r}")
+    return float(m.group(1)) * _TIME[m.group(2)]
+
+
+def _link(spec: object, field: str) -> LinkClass:
+    if not isinstance(spec, dict):
+        raise TopologyError(f"{field}: expected a mapping with bandwidth and latency, got {spec!r}")
+    unknown = set(spec) - {"bandwidth", "latency"}
+    if unknown:
+        raise TopologyError(f"{field}.{sorted(unknown)[0]}: unknown field")
+    for key in ("bandwidth", "latency"):
+        if key not in spec:
+            raise TopologyError(f"{field}.{key}: missing")
+    return LinkClass(
+        field.rsplit(".", 1)[-1],
+        parse_bandwidth(spec["bandwidth"], f"{field}.bandwidth"),
+        parse_latency(spec["latency"], f"{field}.latency"),
+    )
+
+
+def from_dict(doc: object, origin: str = "topology") -> Topology:
+    if not isinstance(doc, dict):
+        raise TopologyError(f"{origin}: expected a mapping at the top level")
+    unknown = set(doc) - {"name", "nodes", "ranks_per_node", "links", "switches"}
+    if unknown:
+        raise TopologyError(f"{sorted(unknown)[0]}: unknown field")
+    links = doc.get("links")
+    if not isinstance(links, dict):
+        raise TopologyError("links: missing (needs intra and inter)")
+    for key in set(links) - {"intra", "inter"}:
+        raise TopologyError(f"links.{key}: unknown link class (intra, inter)")
+    switches = doc.get("switches", {}) or {}
+    if not isinstance(switches, dict):
+        raise TopologyError(f"switches: expected a mapping, got {switches!r}")
+    for key in set(switches) - {"tiers", "nodes_per_switch"}:
+        raise TopologyError(f"switches.{key}: unknown field")
+    try:
+        return Topology(
+            name=str(doc.get("name", origin)),
+            nnodes=doc.get("nodes", 1),
+            ranks_per_node=doc.get("ranks_per_node", 1),
+            intra=_link(links.get("intra"), "links.intra"),
+            inter=_link(links.get("inter"), "links.inter"),
+            nodes_per_switch=switches.get("nodes_per_switch", 32),
+            switch_tiers=switches.get("tiers", 2),
+        )
+    except TopologyError as exc:
+        raise TopologyError(str(exc)) from None
+
+
+PRESETS: dict[str, dict] = {
+    # Commodity CPU servers on 25 GbE behind two switch tiers; kernel TCP latency.
+    "cpu-25gbe": {
+        "name": "cpu-25gbe",
+        "nodes": 16,
+        "ranks_per_node": 1,
+        "links": {
+            "intra": {"bandwidth": "20GB/s", "latency": "1us"},
+            "inter": {"bandwidth": "25Gb/s", "latency": "15us"},
+        },
+        "switches": {"tiers": 2, "nodes_per_switch": 32},
+    },
+    # HDR-class InfiniBand at 100 Gb/s, one rank per node.
+    "ib-100g": {
+        "name": "ib-100g",
+        "nodes": 64,
+        "ranks_per_node": 1,
+        "links": {
+            "intra": {"bandwidth": "20GB/s", "latency": "1us"},
+            "inter": {"bandwidth": "100Gb/s", "latency": "1.5us"},
+        },
+        "switches": {"tiers": 2, "nodes_per_switch": 40},
+    },
+    # 8 GPUs per node on NVLink (900 GB/s per GPU), 400 Gb/s per GPU between nodes.
+    "nvlink-400g": {
+        "name": "nvlink-400g",
+        "nodes": 32,
+        "ranks_per_node": 8,
+        "links": {
+            "intra": {"bandwidth": "900GB/s", "latency": "2us"},
+            "inter": {"bandwidth": "400Gb/s", "latency": "3us"},
+        },
+        "switches": {"tiers": 2, "nodes_per_switch": 32},
+    },
+}
+
+
+def load(name_or_file: str) -> Topology:
+    """A preset by name, or a YAML file by path."""
+    if name_or_file in PRESETS:
+        return from_dict(PRESETS[name_or_file], name_or_file)
+    path = Path(name_or_file)
+    if not path.exists():
+        raise TopologyError(f"no preset or file named {name_or_file!r} (presets: {', '.join(sorted(PRESETS))})")
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise TopologyError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    try:
+        return from_dict(doc, path.stem)
+    except TopologyError as exc:
+        raise TopologyError(f"{path}: {exc}") from None
