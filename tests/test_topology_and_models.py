@@ -108,22 +108,15 @@ def test_topology_file_and_cli(tmp_path):
     )
     t = load_topology(str(f))
     assert (t.name, t.world_size, t.inter.bandwidth) == ("lab", 8, 10e9 / 8)
-    ok = subprocess.run(
-        [sys.executable, "-m", "neuronabox.cli", "topology", "show", str(f)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+
+    def show():
+        cmd = [sys.executable, "-m", "neuronabox.cli", "topology", "show", str(f)]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+    ok = show()
     assert ok.returncode == 0 and "4 x 2 ranks = 8 ranks" in ok.stdout
     f.write_text("links:\n  intra: {bandwidth: 10GB/s, latency: 1us}\n  inter: {bandwidth: 10, latency: 20us}\n")
-    bad = subprocess.run(
-        [sys.executable, "-m", "neuronabox.cli", "topology", "show", str(f)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
+    bad = show()
     assert bad.returncode == 2 and "links.inter.bandwidth" in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
