@@ -106,7 +106,6 @@ class Instance:
         self.received: dict[SendRef, bytes] = {}
         self.waiting: dict[SendRef, list[_PendingSend]] = {}
         self.outq: dict[tuple[int, int], deque[_PendingSend]] = {}
-        self.last_step: dict[tuple[int, int, str], int] = {}
         self.remaining = 0
         self.boundary = 0
         self.start = time.monotonic()
@@ -237,15 +236,16 @@ class Instance:
         """The emulated receivers post every receive the real ranks will send into, at
         once (zero delay): the real rank's data then flows without a round trip, and the
         notices for one pair leave in a single write."""
-        seg = getattr(getattr(self.schedule, "geo", None), "segment_bytes", 0)
         for (r, e), q in self.expect_send.items():
             conn = self.engine.conn_of(self.group, r, e)
             if conn is None:  # not connected yet: posted when the pair opens
                 self.engine.unposted.setdefault((self.group.name, r, e), []).append((self, list(q)))
                 continue
-            self._post(conn, q, seg)
+            self._post(conn, q)
 
-    def _post(self, conn: Conn, msgs, seg: int) -> None:
+    def _post(self, conn: Conn, msgs) -> None:
+        """Post receives for `msgs`; the open-length last ring segment gets a whole segment."""
+        seg = getattr(getattr(self.schedule, "geo", None), "segment_bytes", 0)
         pair = conn.pair
         self.engine.emit(conn, b"".join(pair.recv_ready(self.slot, m.nbytes if m.nbytes >= 0 else seg) for m in msgs))
 
@@ -258,8 +258,9 @@ class Instance:
         return f"{self.kind} #{self.tag} of group {self.group.name!r}"
 
     def _unexpected(self, conn: Conn, frame: str, length: int, way: str) -> str:
-        last = self.last_step.get((conn.real, conn.emu, way))
-        where = "before its first" if last is None else f"after its last (step {last})"
+        msgs = self.schedule.sends(conn.real) if way == "send" else self.schedule.recvs(conn.real)
+        steps = [m.step for m in msgs if m.peer == conn.emu]
+        where = f"after its last (step {steps[-1]})" if steps else "none at all with this peer"
         return self._where(conn, f"unexpected {frame} of {length} bytes: the schedule has no {way} here, {where}")
 
     def _check_len(self, conn: Conn, m: Msg, length: int, verb: str) -> Msg:
@@ -280,7 +281,6 @@ class Instance:
             if not q:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_SEND_READY", ev.length, "send"))
             m = self._check_len(conn, q.popleft(), ev.length, "sends")
-            self.last_step[(*key, "send")] = m.step
             self.expect_data.setdefault(key, deque()).append(m)  # its receive is already posted
         elif isinstance(ev, Data):
             q = self.expect_data.get(key)
@@ -303,7 +303,6 @@ class Instance:
             if not q:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_RECV_READY", ev.length, "recv"))
             m = self._check_len(conn, q.popleft(), ev.length, "receives")
-            self.last_step[(*key, "recv")] = m.step
             deps, content = self.schedule.origin(conn.emu, m.step, self.group.real)
             p = _PendingSend(conn, m, 0, content)
             for ref in deps:
@@ -373,8 +372,7 @@ class Engine:
     def on_connected(self, conn: Conn) -> None:
         """A pair opened: post the receives instances created before it could not."""
         for inst, msgs in self.unposted.pop((conn.group.name, conn.real, conn.emu), ()):
-            seg = getattr(getattr(inst.schedule, "geo", None), "segment_bytes", 0)
-            inst._post(conn, msgs, seg)
+            inst._post(conn, msgs)
 
     def on_meta(self, group: str, slot: int, numel: int | None, elem: int = 1) -> None:
         """The observer's answer for an allreduce: its element count and size, or None."""

@@ -57,9 +57,8 @@ def nbx(*argv: str, timeout: float = 240, env: dict | None = None, check_clean: 
     )
     res = Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
     if check_clean:
-        deadline = time.monotonic() + 10
-        while (left := tagged_processes(tag)) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left = tagged_processes(tag)
+        _, left = psutil.wait_procs(left, timeout=10)
         assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
     return res
 

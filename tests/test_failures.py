@@ -102,10 +102,8 @@ def test_a_controller_that_dies_fails_the_real_ranks():
     assert "neuronabox: error: controller failed: the controller died (signal 9)" in err
     # the real rank's own Gloo noticed: it failed, it did not hang
     assert "Connection reset by peer" in err or "Connection closed by peer" in err
-    deadline = time.monotonic() + 10
-    while tagged_processes(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not tagged_processes(tag)
+    _, left = psutil.wait_procs(tagged_processes(tag), timeout=10)
+    assert not left
 
 
 def test_status_of_a_live_run():

@@ -66,9 +66,6 @@ class Topology:
             raise TopologyError(f"rank {rank} is outside a world of {self.world_size}")
         return rank // self.ranks_per_node
 
-    def ranks_of(self, node: int) -> range:
-        return range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node)
-
     def path(self, src: int, dst: int) -> list[LinkClass]:
         """The links a message from rank `src` to rank `dst` crosses, in order."""
         a, b = self.node_of(src), self.node_of(dst)

@@ -137,22 +137,8 @@ class RingAllreduce:
     def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
         g = self.geo
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
-        num, seg_bytes, total, spr, p = g.num_segments, g.segment_bytes, g.total, g.per_rank, g.phase_steps
-        last_open = not g.last_known
-        out = []
-        for t in range(2 * p):
-            if t < p:
-                seg = ((rank + (2 if recv else 1)) * spr + t) % num
-            else:
-                seg = ((rank + (1 if recv else 0)) * spr + t - p) % num
-            if last_open and seg == num - 1:
-                n = -1
-            else:
-                n = min(seg_bytes, total - seg * seg_bytes)
-                if n <= 0:
-                    continue
-            out.append(Msg(peer, t, n))
-        return tuple(out)
+        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(2 * g.phase_steps))
+        return tuple(Msg(peer, t, n) for t, n in steps if n != 0)
 
     def sends(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=False)
@@ -167,9 +153,6 @@ class RingAllreduce:
         sched = RingAllreduce(geo)
         sched._msgs = cache(sched._msgs)  # type: ignore[method-assign]
         return sched
-
-    def offset(self, rank: int, t: int, recv: bool) -> int:
-        return self._seg(rank, t, recv) * self.geo.segment_bytes
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         x, d = real.above(rank)
@@ -205,9 +188,6 @@ class RingAllgather:
         self.block_bytes = block_bytes
         half = block_bytes // 2
         self.chunks = (half, block_bytes - half)
-
-    def block(self, rank: int, step: int, recv: bool) -> int:
-        return (self.world + rank - step // 2 - (1 if recv else 0)) % self.world
 
     def _msgs(self, rank: int, recv: bool) -> list[Msg]:
         if self.block_bytes == 0 or self.world == 1:
