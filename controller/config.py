@@ -21,6 +21,10 @@ class ControllerConfig:
     ready_file: str = ""
     trace_file: str = ""
     observer: bool = True
+    topology: str = "cpu-25gbe"  # preset name or YAML file
+    delay_model: str = "alpha-beta"
+    boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link
+    inject: list[str] = field(default_factory=list)  # what-if modifier specs
     extra: dict = field(default_factory=dict)
 
     @property

@@ -44,6 +44,11 @@ class ControlStub:
                 request_serializer=control__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=control__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Inject = channel.unary_unary(
+                '/neuronabox.control.Control/Inject',
+                request_serializer=control__pb2.InjectRequest.SerializeToString,
+                response_deserializer=control__pb2.InjectReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -61,6 +66,12 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inject(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=control__pb2.ShutdownRequest.FromString,
                     response_serializer=control__pb2.StatusReply.SerializeToString,
+            ),
+            'Inject': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inject,
+                    request_deserializer=control__pb2.InjectRequest.FromString,
+                    response_serializer=control__pb2.InjectReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +145,33 @@ class Control:
             '/neuronabox.control.Control/Shutdown',
             control__pb2.ShutdownRequest.SerializeToString,
             control__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/neuronabox.control.Control/Inject',
+            control__pb2.InjectRequest.SerializeToString,
+            control__pb2.InjectReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ from neuronabox.schedules.gloo import (
 
 from .dialects.gloo.protocol import Data, Event, GlooPair, RecvReady, SendReady
 from .dialects.gloo.wire import SlotPrefix, split_slot
+from .release import ReleaseTiming
 
 KIND_NAMES = {p.value: p.name.lower() for p in SlotPrefix}
 SUPPORTED = {SlotPrefix.ALLREDUCE, SlotPrefix.ALLGATHER, SlotPrefix.BROADCAST, SlotPrefix.BARRIER}
@@ -70,18 +71,21 @@ class InstanceRecord:
     per_rank: dict[int, tuple[float, float]]
     geometry: str
     loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
+    predicted: float = 0.0  # the delay model's time for the instance, every rank emulated
 
 
 class _PendingSend:
     """An emulated rank's send to a real rank, waiting for its dependencies."""
 
-    __slots__ = ("conn", "msg", "missing", "content")
+    __slots__ = ("conn", "msg", "missing", "content", "release", "timed")
 
     def __init__(self, conn: Conn, msg: Msg, missing: int, content: SendRef | None) -> None:
         self.conn = conn
         self.msg = msg  # from the real rank's point of view: peer = the emulated sender
         self.missing = missing
         self.content = content
+        self.release: float | None = None  # when it may leave (None: not asked yet)
+        self.timed = False  # a driver timer is set for it
 
 
 class Instance:
@@ -108,8 +112,10 @@ class Instance:
         self.outq: dict[tuple[int, int], deque[_PendingSend]] = {}
         self.remaining = 0
         self.boundary = 0
-        self.start = time.monotonic()
+        self.start = time.monotonic()  # the first real frame: the emulated ranks enter now
         self.rank_times: dict[int, list[float]] = {}
+        self.timeline = None
+        self.predicted = 0.0
 
     # -- geometry --------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
@@ -215,6 +221,10 @@ class Instance:
     def _install(self, sched: Schedule) -> None:
         self.schedule = sched
         g = self.group
+        timing = self.engine.timing
+        if timing is not None:
+            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.start)
+            self.predicted = timing.predicted(self.kind, self.nbytes, sched)
         for r in g.real.sorted:
             for m in sched.sends(r):
                 if m.peer not in g.real:
@@ -293,6 +303,8 @@ class Instance:
                 )
             ref = (conn.real, m.step)
             self.received[ref] = ev.payload
+            if self.timeline is not None:
+                self.timeline.real_sent(conn.real, m.step, time.monotonic())
             self._mark(conn.real)
             for p in self.waiting.pop(ref, ()):
                 p.missing -= 1
@@ -314,10 +326,26 @@ class Instance:
                 self._flush(conn)
 
     def _flush(self, conn: Conn) -> None:
-        """Write ready sends in the order the real rank posted the receives (FIFO per pair)."""
+        """Write ready sends in the order the real rank posted the receives (FIFO per pair),
+        each at its release time: a driver timer comes back for one that is early."""
         q = self.outq[(conn.real, conn.emu)]
+        tl = self.timeline
         while q and q[0].missing == 0:
-            self._send(q.popleft())
+            p = q[0]
+            if tl is not None:
+                timing = self.engine.timing
+                if p.release is None:
+                    p.release = tl.release(conn.emu, p.msg.step) + timing.jitter(self.kind)
+                now = time.monotonic()
+                if p.release > now:
+                    if not p.timed:
+                        p.timed = True
+                        self.engine.call_at(p.release, lambda: self._flush(conn))
+                    return
+                if p.timed:
+                    timing.record_lateness(now - p.release)
+            q.popleft()
+            self._send(p)
 
     def _send(self, p: _PendingSend) -> None:
         n = p.msg.nbytes
@@ -345,8 +373,12 @@ class Engine:
         request_meta: Callable[[str, int, int], bool] | None = None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
         conn_of: Callable[[Group, int, int], Conn | None] | None = None,
+        timing: ReleaseTiming | None = None,
+        call_at: Callable[[float, Callable[[], None]], None] | None = None,
     ) -> None:
         self.emit = emit
+        self.timing = timing
+        self.call_at = call_at or (lambda when, fn: (time.sleep(max(0.0, when - time.monotonic())), fn()))
         self.conn_of = conn_of or (lambda group, real, emu: None)
         self.unposted: dict[tuple[str, int, int], list[tuple[Instance, list[Msg]]]] = {}
         self.request_meta = request_meta
@@ -399,6 +431,7 @@ class Engine:
             {r: (a, b) for r, (a, b) in inst.rank_times.items()},
             inst.geometry,
             time.thread_time(),
+            inst.predicted,
         )
         self.records.append(rec)
         if self.on_complete:

@@ -17,11 +17,13 @@ import time
 from collections import defaultdict
 from dataclasses import asdict
 
+from neuronabox import delay_models, topology
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
     DisseminationBarrier,
     RealRanks,
 )
+from neuronabox.whatif import WhatIf
 
 from . import control_pb2
 from .config import ControllerConfig
@@ -36,6 +38,7 @@ from .dialects.gloo.wire import (
 )
 from .engine import Conn, Engine, Group, InstanceRecord
 from .observers import ObserverHub
+from .release import ReleaseTiming
 from .rendezvous import (
     EmulatedAgents,
     default_group_key,
@@ -69,6 +72,12 @@ class Controller:
         self.world = cfg.world_size
         self.group = Group("0", self.world, RealRanks(cfg.real_ranks, self.world))
         self.records: list[InstanceRecord] = []
+        self.topology = topology.load(cfg.topology).with_nodes(cfg.nnodes, cfg.nproc_per_node)
+        self.timing = ReleaseTiming(
+            delay_models.load(cfg.delay_model, self.topology),
+            WhatIf.from_specs(cfg.inject),
+            modeled_boundary=cfg.boundary == "modeled",
+        )
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._route_seq
         self.driver.periodic = self._periodic
@@ -79,7 +88,7 @@ class Controller:
         self.hub.on_lost = self._observer_lost
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
-        self.service = ControlService(self.snapshot, self.request_stop)
+        self.service = ControlService(self.snapshot, self.request_stop, self.inject)
         self.server, self.control_port = serve(self.service, cfg.control_host)
         self._reply_done = threading.Event()
         self.store = None
@@ -91,6 +100,8 @@ class Controller:
             request_meta=self._request_meta if self.cfg.observer else None,
             on_complete=self.records.append,
             conn_of=self._open_conn,
+            timing=self.timing,
+            call_at=driver.call_at,
         )
 
     def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
@@ -120,6 +131,15 @@ class Controller:
             self.driver.engine.on_meta(group, slot, None)
         else:
             self.driver.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype])
+
+    def inject(self, specs: list[str], clear: bool) -> list[str]:
+        """Change the what-if modifiers during the run (control service threads): instances
+        that start from now on see them. Raises WhatIfError on a bad spec."""
+        mods = [] if clear else list(self.timing.whatif.mods)
+        mods += WhatIf.from_specs(specs).mods
+        self.timing.set_whatif(WhatIf(mods))
+        self.log(f"what-if now: {', '.join(m.spec for m in mods) or 'none'}")
+        return [m.spec for m in mods]
 
     # -- pairs ------------------------------------------------------------------------------
     def _route_seq(self, seq: int) -> Conn | None:
@@ -255,6 +275,11 @@ class Controller:
             "instances": [asdict(r) for r in list(self.records)],
             "steps": list(self.hub.steps),
             "error": self.error,
+            "delay_model": self.cfg.delay_model,
+            "topology": self.topology.name,
+            "boundary": self.cfg.boundary,
+            "inject": self.timing.whatif.specs(),
+            "release": self.timing.lateness_summary(),
         }
 
     def snapshot(self, final: bool) -> control_pb2.StatusReply:

@@ -12,9 +12,15 @@ from . import control_pb2, control_pb2_grpc
 
 
 class ControlService(control_pb2_grpc.ControlServicer):
-    def __init__(self, snapshot: Callable[[bool], control_pb2.StatusReply], shutdown: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[bool], control_pb2.StatusReply],
+        shutdown: Callable[[str], None],
+        inject: Callable[[list[str], bool], list[str]] | None = None,
+    ) -> None:
         self._snapshot = snapshot
         self._shutdown = shutdown
+        self._inject = inject
 
     def Status(self, request, context):  # noqa: N802 - gRPC method name
         return self._snapshot(False)
@@ -27,6 +33,15 @@ class ControlService(control_pb2_grpc.ControlServicer):
             time.sleep(0.02)
             reply = self._snapshot(True)
         return reply
+
+    def Inject(self, request, context):  # noqa: N802
+        if self._inject is None:
+            return control_pb2.InjectReply(error="this controller takes no what-if changes")
+        try:
+            active = self._inject(list(request.specs), request.clear)
+        except ValueError as exc:
+            return control_pb2.InjectReply(error=str(exc))
+        return control_pb2.InjectReply(active=active)
 
 
 def serve(service: ControlService, host: str) -> tuple[grpc.Server, int]:

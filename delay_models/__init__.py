@@ -1,10 +1,15 @@
 """Delay models: plugins that turn a message or a collective into time.
 
 Models are found through the `neuronabox.delay_models` entry-point group, so a
-user's package can add one: a class taking the run's `Topology`, with
-`message_time` and `collective_time`. The live engine releases emulated
-messages as soon as their dependencies are met, which is exactly the `zero`
-model; the release-time scheduler that consults the others is the next step.
+user's package can add one: a class taking the run's `Topology` that answers
+
+- `message_time(src, dst, nbytes)`: one message on the path between two ranks;
+- `hop(kind, nbytes, world, schedule)`: the link every hop of a collective instance
+  is priced at (the release-time scheduler walks the schedule with it);
+- `collective_time(kind, nbytes, world, schedule)`: the instance's predicted time.
+
+Models sit below the schedules: the caller passes the instance's schedule, whose
+`free_time(link)` walks the library's algorithm with every rank emulated.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Protocol
 
-from neuronabox.topology import Topology
+from neuronabox.topology import LinkClass, Topology
 
 GROUP = "neuronabox.delay_models"
+FREE = LinkClass("free", float("inf"), 0.0)
 
 
 class DelayModel(Protocol):
@@ -24,11 +30,23 @@ class DelayModel(Protocol):
         """Seconds one message of `nbytes` takes from rank `src` to rank `dst`."""
         ...
 
-    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
-        """Predicted seconds of one collective instance of `nbytes` (the gathered
-        total for allgather) over the first `world` ranks. Models that walk the
-        algorithm take its `schedule` from the caller (they sit below the schedules)."""
+    def hop(self, kind: str, nbytes: int, world: int, schedule) -> LinkClass:
+        """The (latency, bandwidth) each hop of this instance costs."""
         ...
+
+    def collective_time(self, kind: str, nbytes: int, world: int, schedule) -> float:
+        """Predicted seconds of one collective instance of `nbytes` (the gathered
+        total for allgather) over the first `world` ranks."""
+        ...
+
+
+def path_time(topology: Topology, src: int, dst: int, nbytes: int) -> float:
+    """Alpha-beta on a path: every link adds its latency; the bytes move at the
+    slowest link's bandwidth (cut-through switching)."""
+    path = topology.path(src, dst)
+    if not path:
+        return 0.0
+    return sum(lc.latency for lc in path) + nbytes / min(lc.bandwidth for lc in path)
 
 
 def available() -> list[str]:

@@ -3,7 +3,13 @@ the path's slowest bandwidth (cut-through switching)."""
 
 from __future__ import annotations
 
-from neuronabox.topology import Topology
+from neuronabox.topology import LinkClass, Topology
+
+from . import FREE, path_time
+
+# The rank distances each kind's messages travel: rings talk to a neighbour, trees
+# and dissemination at powers of two.
+_RING = {"allreduce": (-1,), "allgather": (1,)}
 
 
 class AlphaBeta:
@@ -13,34 +19,27 @@ class AlphaBeta:
         self.topology = topology
 
     def message_time(self, src: int, dst: int, nbytes: int) -> float:
-        path = self.topology.path(src, dst)
-        if not path:
-            return 0.0
-        return sum(link.latency for link in path) + nbytes / min(link.bandwidth for link in path)
+        return path_time(self.topology, src, dst, nbytes)
 
-    def _worst_hop(self, world: int, distance: int) -> tuple[int, int]:
-        """A rank pair at ring distance `distance` whose path is the slowest: one that
-        crosses leaf switches, or nodes, when the world spans them."""
+    def hop(self, kind: str, nbytes: int, world: int, schedule=None) -> LinkClass:
+        """The slowest hop the instance's pattern crosses: a ring moves at the pace of
+        its slowest neighbour link; a tree or a dissemination round waits for its
+        slowest message, one that crosses leaf switches when the world spans them."""
+        if world <= 1:
+            return FREE
         t = self.topology
+        distances = _RING.get(kind) or tuple(1 << k for k in range((world - 1).bit_length()))
         rpn, leaf = t.ranks_per_node, t.ranks_per_node * t.nodes_per_switch
-        candidates = {src % world for src in (0, rpn, leaf, rpn - 1, leaf - 1, world - 1)}
-        pairs = [(src, (src + distance) % world) for src in sorted(candidates)]
-        return max(pairs, key=lambda p: (len(t.path(*p)), -min((lc.bandwidth for lc in t.path(*p)), default=0)))
+        sources = sorted({s % world for s in (0, rpn - 1, rpn, leaf - 1, leaf, world - 1)})
+        paths = [t.path(s, (s + d) % world) for d in distances for s in sources]
+        worst = max(paths, key=lambda p: (sum(lc.latency for lc in p), -min((lc.bandwidth for lc in p), default=0)))
+        if not worst:
+            return FREE
+        return LinkClass("hop", min(lc.bandwidth for lc in worst), sum(lc.latency for lc in worst))
 
     def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
-        """Walk the collective's schedule (from `neuronabox.schedules`, passed in by the
-        caller: models sit below the schedules) step by step; each step costs its
-        slowest message, which in a uniform ring or tree is the slowest hop's."""
         if world <= 1:
             return 0.0
         if schedule is None:
             raise ValueError(f"alpha-beta needs the {kind} schedule to price an instance")
-        distance = {"allreduce": -1, "allgather": 1}.get(kind)
-        if distance is not None:  # rings: every step is one message to the next rank
-            src, dst = self._worst_hop(world, distance)
-            return sum(self.message_time(src, dst, m.nbytes) for m in schedule.sends(src))
-        if kind in ("broadcast", "barrier"):  # step k: messages at distance 2^k
-            levels = sorted({m.step for m in schedule.sends(0)})  # rank 0 (root) sends at every level
-            size = nbytes if kind == "broadcast" else 0
-            return sum(self.message_time(*self._worst_hop(world, 1 << k), size) for k in levels)
-        raise ValueError(f"alpha-beta has no cost for collective kind {kind!r}")
+        return schedule.free_time(self.hop(kind, nbytes, world, schedule))

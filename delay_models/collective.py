@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 
-from neuronabox.topology import Topology
+from neuronabox.topology import LinkClass, Topology
+
+from . import FREE, path_time
 
 
 class CollectiveFormulas:
@@ -36,10 +38,20 @@ class CollectiveFormulas:
         return sum(lc.latency for lc in links), min(lc.bandwidth for lc in links)
 
     def message_time(self, src: int, dst: int, nbytes: int) -> float:
-        path = self.topology.path(src, dst)
-        if not path:
-            return 0.0
-        return sum(lc.latency for lc in path) + nbytes / min(lc.bandwidth for lc in path)
+        return path_time(self.topology, src, dst, nbytes)
+
+    def hop(self, kind: str, nbytes: int, world: int, schedule=None) -> LinkClass:
+        """The formula spread over the schedule's steps: the formula's (alpha, beta),
+        scaled so that walking the schedule with it takes exactly the formula's time."""
+        if world <= 1:
+            return FREE
+        a, b = self._alpha_beta(world)
+        link = LinkClass("hop", b, a)
+        walked = schedule.free_time(link) if schedule is not None else 0.0
+        if walked <= 0:
+            return link
+        s = self.collective_time(kind, nbytes, world) / walked
+        return LinkClass("hop", b / s if s > 0 else float("inf"), a * s)
 
     def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
         if world <= 1:

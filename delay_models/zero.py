@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from neuronabox.topology import Topology
+from neuronabox.topology import LinkClass, Topology
+
+from . import FREE
 
 
 class ZeroDelay:
@@ -13,6 +15,9 @@ class ZeroDelay:
 
     def message_time(self, src: int, dst: int, nbytes: int) -> float:
         return 0.0
+
+    def hop(self, kind: str, nbytes: int, world: int, schedule=None) -> LinkClass:
+        return FREE
 
     def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
         return 0.0

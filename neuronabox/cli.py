@@ -7,27 +7,36 @@ import json
 import sys
 
 USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [--gloo-mode auto|full|lazy]
-                             [--no-observer] [--trace FILE] script.py [script args]
+                             [--topology NAME|FILE] [--delay-model NAME] [--boundary modeled|real]
+                             [--inject SPEC]... [--no-observer] [--trace FILE] script.py [script args]
        neuronabox status [--address HOST:PORT]
+       neuronabox inject [--address HOST:PORT] [--clear] [SPEC ...]
+       neuronabox whatif --sweep KEY=V1,V2,... [--with OPTS] [--out PREFIX] [launch flags] -- script.py [args]
        neuronabox topology show NAME|FILE"""
+
+
+def _control_address(given: str | None) -> str | None:
+    from .launcher import RUNS_DIR
+
+    if given is not None:
+        return given
+    try:
+        return json.loads((RUNS_DIR / "latest.json").read_text())["control"]
+    except (OSError, KeyError, ValueError):
+        print("neuronabox: error: no run found; pass --address", file=sys.stderr)
+        return None
 
 
 def status_main(argv: list[str]) -> int:
     from neuronabox.controller import control_pb2
     from neuronabox.controller.service import connect
 
-    from .launcher import RUNS_DIR
-
     p = argparse.ArgumentParser(prog="neuronabox status")
     p.add_argument("--address", help="the controller's control address (default: the latest run)")
     ns = p.parse_args(argv)
-    address = ns.address
+    address = _control_address(ns.address)
     if address is None:
-        try:
-            address = json.loads((RUNS_DIR / "latest.json").read_text())["control"]
-        except (OSError, KeyError, ValueError):
-            print("neuronabox: error: no run found; pass --address", file=sys.stderr)
-            return 2
+        return 2
     try:
         reply = connect(address, timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
     except Exception:
@@ -44,6 +53,43 @@ def status_main(argv: list[str]) -> int:
         print(f"  in flight: {line}")
     if reply.error:
         print(f"  error: {reply.error}")
+    return 0
+
+
+def inject_main(argv: list[str]) -> int:
+    """Change the what-if modifiers of a live run; collectives that start later see them."""
+    from neuronabox.controller import control_pb2
+    from neuronabox.controller.service import connect
+
+    from .whatif import WhatIfError, parse
+
+    p = argparse.ArgumentParser(prog="neuronabox inject")
+    p.add_argument("--address", help="the controller's control address (default: the latest run)")
+    p.add_argument("--clear", action="store_true", help="drop the active modifiers first")
+    p.add_argument("specs", nargs="*", help="as for --inject, e.g. latency=+2ms,per=collective")
+    ns = p.parse_args(argv)
+    if not ns.specs and not ns.clear:
+        print("neuronabox: error: inject needs a spec or --clear", file=sys.stderr)
+        return 2
+    try:
+        for spec in ns.specs:
+            parse(spec)
+    except WhatIfError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    address = _control_address(ns.address)
+    if address is None:
+        return 2
+    try:
+        stub = connect(address, timeout=3)
+        reply = stub.Inject(control_pb2.InjectRequest(specs=ns.specs, clear=ns.clear), timeout=5)
+    except Exception:
+        print(f"neuronabox: error: no controller answers at {address}", file=sys.stderr)
+        return 1
+    if reply.error:
+        print(f"neuronabox: error: {reply.error}", file=sys.stderr)
+        return 2
+    print("what-if now: " + (", ".join(reply.active) or "none"))
     return 0
 
 
@@ -75,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         return status_main(rest)
     if cmd == "topology":
         return topology_main(rest)
+    if cmd == "inject":
+        return inject_main(rest)
+    if cmd == "whatif":
+        from .sweep import sweep_main
+
+        return sweep_main(rest)
     print(f"neuronabox: error: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
     return 2
 

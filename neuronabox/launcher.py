@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from neuronabox import delay_models, topology
 from neuronabox.controller.config import ControllerConfig
+from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
 from .torchrun_args import LaunchArgs, UsageError, int_flag, node_list, parse
@@ -87,6 +89,29 @@ class Run:
         self.master_port = int(args.get("--master-port") or free_port(self.master_addr))
         self.run_id = args.get("--rdzv-id") or f"nbx{os.getpid()}"
         self.observer = "--no-observer" not in args.switches
+        self.topology = args.ours.get("--topology", "cpu-25gbe")
+        if Path(self.topology).is_file():  # the controller may run elsewhere in the tree
+            self.topology = str(Path(self.topology).resolve())
+        try:
+            topology.load(self.topology).with_nodes(self.nnodes, self.nproc)
+        except topology.TopologyError as exc:
+            raise UsageError(f"--topology: {exc}") from None
+        self.delay_model = args.ours.get("--delay-model", "alpha-beta")
+        if self.delay_model not in delay_models.available():
+            known = ", ".join(delay_models.available())
+            raise UsageError(f"--delay-model: unknown model {self.delay_model!r} (available: {known})")
+        self.boundary = args.ours.get("--boundary", "modeled")
+        if self.boundary not in ("modeled", "real"):
+            raise UsageError(f"--boundary is modeled or real, got {self.boundary!r}")
+        self.inject = args.repeated.get("--inject", [])
+        try:
+            whatif = WhatIf.from_specs(self.inject)
+        except WhatIfError as exc:
+            raise UsageError(f"--inject {exc}") from None
+        real = {n * self.nproc + i for n in self.real_nodes for i in range(self.nproc)}
+        for m in whatif.mods:
+            if m.what == "straggler" and (m.rank >= self.nnodes * self.nproc or m.rank in real):
+                raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
@@ -106,6 +131,10 @@ class Run:
             ready_file=str(self.dir / "ready.json"),
             trace_file=str(self.dir / "trace.json"),
             observer=self.observer,
+            topology=self.topology,
+            delay_model=self.delay_model,
+            boundary=self.boundary,
+            inject=self.inject,
         )
         (self.dir / "controller.json").write_text(cfg.dumps())
         log = open(self.dir / "controller.log", "w")

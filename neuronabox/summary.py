@@ -28,11 +28,26 @@ def format_summary(reply, trace: dict) -> str:
         f"  world size      {reply.world_size}",
         f"  real ranks      {', '.join(map(str, reply.real_ranks))}",
         f"  boundary msgs   {reply.boundary_messages}   controller CPU {reply.cpu_s:.2f} s",
-        "  collectives     kind         count        bytes   time on real rank (mean)",
+        f"  network         {trace.get('delay_model', '?')} on {trace.get('topology', '?')}"
+        f" ({trace.get('boundary', 'modeled')} boundary)" + "".join(f"  +{s}" for s in trace.get("inject", [])),
+        "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)",
     ]
+    predicted: dict[str, list[float]] = {}
+    for rec in trace.get("instances", []):
+        predicted.setdefault(rec["kind"], []).append(rec.get("predicted", 0.0))
     for k in reply.kinds:
         mean = k.seconds / k.count if k.count else 0.0
-        lines.append(f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms")
+        model = predicted.get(k.kind) or [0.0]
+        lines.append(
+            f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
+            f"               {sum(model) / len(model) * 1e3:9.3f} ms"
+        )
+    rel = trace.get("release", {})
+    if rel.get("timed_releases"):
+        lines.append(
+            f"  release timing  {rel['timed_releases']} timed messages, late by {rel['median_us']:.0f} us median,"
+            f" {rel['p99_us']:.0f} us p99"
+        )
     n, it = iteration_time(trace.get("steps", []))
     if n:
         lines.append(f"  optimizer steps {n}   iteration time {it * 1e3:.2f} ms")

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 # torchrun flags that take no value; every other flag takes one.
 TORCHRUN_SWITCHES = {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
-OURS = {"--real-nodes", "--gloo-mode", "--trace", "--gloo-host"}
+OURS = {"--real-nodes", "--gloo-mode", "--trace", "--gloo-host", "--topology", "--delay-model", "--boundary"}
+OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}
 REFUSED = {
     "--standalone": "--standalone runs a single node; give --nnodes for the emulated world",
@@ -24,6 +25,7 @@ class LaunchArgs:
     torchrun: list[tuple[str, str | None]] = field(default_factory=list)  # flags passed through
     ours: dict[str, str] = field(default_factory=dict)
     switches: set[str] = field(default_factory=set)
+    repeated: dict[str, list[str]] = field(default_factory=dict)
     script: list[str] = field(default_factory=list)  # script (or module) and its arguments
 
     def get(self, *names: str) -> str | None:
@@ -60,7 +62,9 @@ def parse(argv: list[str]) -> LaunchArgs:
                 if i >= len(argv):
                     raise UsageError(f"{flag} needs a value")
                 value = argv[i]
-            if flag in OURS:
+            if flag in OURS_REPEATED:
+                out.repeated.setdefault(flag, []).append(value)
+            elif flag in OURS:
                 out.ours[flag] = value
             else:
                 out.torchrun.append((flag.replace("_", "-") if flag.startswith("--") else flag, value))

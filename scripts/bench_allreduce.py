@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WORKER = str(HERE / "allreduce_loop.py")
+WORKER = str(HERE / "collective_loop.py")
 SIZES = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("25 MiB", 25 << 20)]
 WORLDS = [2, 64, 512]
 
@@ -52,7 +52,7 @@ def all_real(nbytes: int, reps: int) -> float:
         str(reps),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=True).stdout
-    return result(out)["median_s"]
+    return result(out)["allreduce"]["median_s"]
 
 
 def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[float, float, int]:
@@ -65,6 +65,8 @@ def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[floa
             "torchrun",
             "--nnodes",
             str(nnodes),
+            "--delay-model",
+            "zero",
             "--trace",
             str(trace),
             WORKER,
@@ -78,7 +80,7 @@ def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[floa
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-3000:])
-        med = result(proc.stdout)["median_s"]
+        med = result(proc.stdout)["allreduce"]["median_s"]
         inst = [i for i in json.loads(trace.read_text())["instances"] if i["kind"] == "allreduce"]
         timed = inst[-reps:]
         before = inst[-reps - 1]

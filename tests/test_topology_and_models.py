@@ -7,6 +7,7 @@ import pytest
 from conftest import ROOT
 from neuronabox.delay_models import available, load
 from neuronabox.delay_models.collective import CollectiveFormulas
+from neuronabox.delay_models.packet import Flow
 from neuronabox.topology import PRESETS, LinkClass, Topology, TopologyError
 from neuronabox.topology import load as load_topology
 from neuronabox.topology.presets import from_dict, parse_bandwidth, parse_latency
@@ -121,7 +122,7 @@ def test_topology_file_and_cli(tmp_path):
 
 
 def test_models_are_found_through_entry_points():
-    assert {"zero", "alpha-beta", "collective"} <= set(available())
+    assert {"zero", "alpha-beta", "collective", "packet"} <= set(available())
     with pytest.raises(ValueError, match="unknown delay model"):
         load("nope", load_topology("ib-100g"))
 
@@ -161,11 +162,43 @@ def test_classic_formulas_on_known_numbers():
 
 
 def test_alpha_beta_walks_gloos_schedule():
-    """Gloo's ring has 2W segments: 4(W-1) steps, each one segment over the slowest hop."""
+    """Gloo's ring has 2W segments and keeps two steps in flight: 4(W-1) steps, one pace
+    (a hop's latency plus both in-flight segments on the link) per two steps, which is
+    the classic ring formula with the hop's alpha and beta."""
     t = load_topology("ib-100g").with_nodes(8, 1)
     m = load("alpha-beta", t)
     n = 8 << 20
-    per_step = 2 * t.inter.latency + (n // 16) / t.inter.bandwidth
-    assert cost(m, "allreduce", n, 8) == pytest.approx(4 * 7 * per_step)
+    alpha, beta = 2 * t.inter.latency, t.inter.bandwidth
+    assert cost(m, "allreduce", n, 8) == pytest.approx(2 * 7 * (alpha + 2 * (n // 16) / beta))
+    assert cost(m, "allreduce", n, 8) == pytest.approx(2 * 7 * alpha + 2 * 7 / 8 * n / beta)
     with pytest.raises(ValueError, match="needs the allreduce schedule"):
         m.collective_time("allreduce", n, 8)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_collective_formulas_spread_over_the_schedule(kind):
+    """Walking the schedule with the collective model's hop gives the formula's time."""
+    t = load_topology("cpu-25gbe").with_nodes(256, 1)
+    m = load("collective", t)
+    for w in (2, 7, 64, 256):
+        for nbytes in (4 << 10, 3 << 20, 64 << 20):
+            sched = schedule(kind, nbytes, w)
+            want = m.collective_time(kind, nbytes, w, sched)
+            assert sched.free_time(m.hop(kind, nbytes, w, sched)) == pytest.approx(want)
+
+
+def test_packet_model_shares_links():
+    """Two flows on one link take longer than one; flows on separate links do not."""
+    t = load_topology("nvlink-400g").with_nodes(4)
+    net = load("packet", t)
+    one = net.transfer([Flow(0.0, 0, 8, 64 << 20)])[0]
+    same_nic = net.transfer([Flow(0.0, 0, 8, 64 << 20), Flow(0.0, 1, 9, 64 << 20)])
+    other_nics = net.transfer([Flow(0.0, 0, 8, 64 << 20), Flow(0.0, 16, 24, 64 << 20)])
+    assert min(same_nic) > 1.9 * (one - net.message_time(0, 8, 0))
+    assert max(other_nics) == pytest.approx(one)
+    assert net.message_time(0, 8, 64 << 20) == pytest.approx(one)
+    # In a collective: eight ranks of a node leave it together in a tree's far rounds,
+    # so the packet model's broadcast is slower than the uncongested alpha-beta one.
+    sched = schedule("broadcast", 16 << 20, 32)
+    congested = net.collective_time("broadcast", 16 << 20, 32, sched)
+    assert congested > load("alpha-beta", t).collective_time("broadcast", 16 << 20, 32, sched)

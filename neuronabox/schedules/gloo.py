@@ -60,8 +60,16 @@ class RealRanks:
         return x, (rank - x) % self.world or self.world
 
 
+class Link(Protocol):
+    """What a hop costs: `latency` seconds plus bytes over `bandwidth` (topology.LinkClass)."""
+
+    latency: float
+    bandwidth: float
+
+
 class Schedule(Protocol):
     world: int
+    kind: str
 
     def sends(self, rank: int) -> Sequence[Msg]: ...
 
@@ -69,6 +77,10 @@ class Schedule(Protocol):
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         """For emulated `rank`'s send at `step`: (real sends it waits for, real send whose bytes it carries)."""
+        ...
+
+    def free_time(self, hop: Link) -> float:
+        """Seconds the instance takes when every rank is emulated and every hop costs `hop`."""
         ...
 
 
@@ -170,6 +182,18 @@ class RingAllreduce:
     def _has_send(self, rank: int, t: int) -> bool:
         return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0
 
+    # -- timing: the ring moves in lockstep at the pace of its slowest hop -------------
+    steps_per_pace = 2  # Gloo keeps two steps in flight: step t waits for step t-2
+
+    def pace(self, hop: Link) -> float:
+        """Seconds per two steps: one hop's latency plus both in-flight segments
+        serialized on the link (2 x segment / bandwidth)."""
+        return hop.latency + 2 * self.geo.segment_bytes / hop.bandwidth
+
+    def free_time(self, hop: Link) -> float:
+        """The instance's time with every rank emulated: 2P steps, two per pace."""
+        return self.geo.phase_steps * self.pace(hop)
+
 
 # ---------------------------------------------------------------------------
 # allgather: ring, each block in two halves
@@ -200,6 +224,12 @@ class RingAllgather:
 
     def recvs(self, rank: int) -> list[Msg]:
         return self._msgs(rank, recv=True)
+
+    def pace(self, hop: Link) -> float:
+        return hop.latency + 2 * self.chunks[1] / hop.bandwidth
+
+    def free_time(self, hop: Link) -> float:
+        return (self.world - 1) * self.pace(hop)
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         x, d = real.below(rank)
@@ -256,6 +286,21 @@ class BinomialBroadcast:
         p = self.parent(rank)
         return [] if p is None else [Msg(p[0], p[1], self.nbytes)]
 
+    def send_index(self, rank: int, bit: int) -> int:
+        """1-based position of the send at `bit` among `rank`'s sends (they share its link)."""
+        return bit - (self._v(rank).bit_length() - 1)
+
+    def free_time(self, hop: Link) -> float:
+        """Vrank v gets the data after popcount(v) hops and bitlen(v) messages' worth of
+        serialization (the k-th send of a rank waits for the k-1 before it on its link);
+        the instance ends when the costliest vrank has it."""
+        if self.world < 2:
+            return 0.0
+        top = self.world - 1
+        # The most set bits below `top`: top itself, or top with one set bit cleared and every bit under it set.
+        cands = [top] + [(top & ~((2 << i) - 1)) | ((1 << i) - 1) for i in range(top.bit_length()) if top >> i & 1]
+        return max(bin(v).count("1") * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth for v in cands)
+
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         node = rank
         while True:
@@ -284,6 +329,9 @@ class DisseminationBarrier:
 
     def recvs(self, rank: int) -> list[Msg]:
         return [Msg((rank - (1 << k)) % self.world, k, 0) for k in range(self.rounds)]
+
+    def free_time(self, hop: Link) -> float:
+        return self.rounds * hop.latency
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         # Rank x is in the causal past of (rank, round k) through its send at round

@@ -9,6 +9,8 @@ The controller dials real ranks (its listener address compares larger, see
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
 import select
 import socket
 import threading
@@ -23,6 +25,9 @@ from .wire import SEQ
 
 RECV_CHUNK = 1 << 20
 IOV_MAX = 1024
+# epoll sleeps in whole milliseconds, rounded up: sleep until this close to a timer,
+# then poll without blocking (busy-wait) so releases land within microseconds.
+SPIN_S = 0.0015
 
 
 class Poller:
@@ -96,6 +101,8 @@ class GlooDriver:
         self._dirty: list[_Sock] = []
         self._rxbuf = bytearray(RECV_CHUNK)  # one receive buffer: recv(1 MiB) would allocate per call
         self._rxview = memoryview(self._rxbuf)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_seq = itertools.count()
 
     def register_extra(self, fileobj: object, handler: Callable[[int], None]) -> None:
         """Serve another socket (the observer link) from the same loop."""
@@ -117,6 +124,22 @@ class GlooDriver:
             self._wake_w.send(b"x")
         except OSError:
             pass
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        """Run `fn` in the loop at monotonic time `when` (loop thread only)."""
+        heapq.heappush(self._timers, (when, next(self._timer_seq), fn))
+
+    def _run_timers(self) -> None:
+        timers = self._timers
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            heapq.heappop(timers)[2]()
+
+    def _timeout(self) -> float:
+        if not self._timers:
+            return 0.5
+        wait = self._timers[0][0] - time.monotonic()
+        return min(0.5, wait - SPIN_S) if wait > SPIN_S else 0.0
 
     # -- pairs --------------------------------------------------------------------
     def dial(self, conn: Conn, host: str, port: int, seq: int) -> None:
@@ -180,7 +203,7 @@ class GlooDriver:
     def run(self) -> None:
         try:
             while self.running:
-                for fileobj, data, mask in self.sel.select(0.5):
+                for fileobj, data, mask in self.sel.select(self._timeout()):
                     if data.__class__ is _Sock:
                         if mask & Poller.WRITE:
                             self._flush(data)
@@ -193,6 +216,8 @@ class GlooDriver:
                     else:
                         self.extra[fileobj](mask)
                 self._drain_calls()
+                if self._timers:
+                    self._run_timers()
                 if self._dirty:
                     self._flush_dirty()
                 now = time.monotonic()

@@ -1,0 +1,79 @@
+"""Release-time scheduling: when each emulated message may leave for a real rank.
+
+The engine asks for one `Timeline` per collective instance (the schedules' timing
+model, priced by the run's delay model and what-if modifiers); the driver's timers
+write each message at its release time, and the lateness of every timed release is
+kept so a run can say how precise it was.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from neuronabox.topology import LinkClass
+
+from neuronabox.schedules.gloo import RealRanks, Schedule
+from neuronabox.schedules.timing import Entry, Timeline, timeline_for
+from neuronabox.whatif import WhatIf
+
+LATENESS_SAMPLES = 200_000
+
+
+class ReleaseTiming:
+    def __init__(self, model, whatif: WhatIf | None = None, modeled_boundary: bool = True) -> None:
+        self.model = model
+        self.whatif = whatif or WhatIf()
+        self.modeled = modeled_boundary
+        self.lock = threading.Lock()  # the control service swaps modifiers from its threads
+        self._hops: dict[tuple, LinkClass] = {}
+        self.lateness: list[float] = []
+        self.late_count = 0
+
+    @property
+    def active(self) -> bool:
+        """False for the zero model without modifiers: messages leave as soon as they can."""
+        return self.model.name != "zero" or self.whatif.any()
+
+    def set_whatif(self, whatif: WhatIf) -> None:
+        with self.lock:
+            self.whatif = whatif
+
+    def hop(self, kind: str, nbytes: int, world: int, schedule: Schedule) -> LinkClass:
+        key = (kind, nbytes, world, id(schedule) if kind == "allreduce" else 0)
+        link = self._hops.get(key)
+        if link is None:
+            link = self._hops[key] = self.model.hop(kind, nbytes, world, schedule)
+        return self.whatif.hop(kind, link)
+
+    def timeline(self, kind: str, nbytes: int, schedule: Schedule, real: RealRanks, t0: float) -> Timeline | None:
+        if not self.active:
+            return None
+        hop = self.hop(kind, nbytes, schedule.world, schedule)
+        entry = Entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind))
+        return timeline_for(schedule, hop, entry, real, self.modeled)
+
+    def predicted(self, kind: str, nbytes: int, schedule: Schedule) -> float:
+        """The instance's time with every rank emulated, modifiers included."""
+        if not self.active:
+            return 0.0
+        hop = self.hop(kind, nbytes, schedule.world, schedule)
+        return schedule.free_time(hop) + self.whatif.entry_delay(kind)
+
+    def jitter(self, kind: str) -> float:
+        return self.whatif.jitter(kind)
+
+    def record_lateness(self, seconds: float) -> None:
+        self.late_count += 1
+        if len(self.lateness) < LATENESS_SAMPLES:
+            self.lateness.append(seconds)
+
+    def lateness_summary(self) -> dict:
+        xs = sorted(self.lateness)
+        if not xs:
+            return {"timed_releases": 0}
+        return {
+            "timed_releases": self.late_count,
+            "median_us": xs[len(xs) // 2] * 1e6,
+            "p99_us": xs[min(len(xs) - 1, int(len(xs) * 0.99))] * 1e6,
+            "max_us": xs[-1] * 1e6,
+        }

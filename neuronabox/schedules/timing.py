@@ -1,0 +1,327 @@
+"""Release times of emulated messages: when each message an emulated rank sends a
+real rank arrives there, under a delay model (DESIGN.md, "Timing semantics").
+
+The model, for one collective instance:
+- every emulated rank enters at the instance's entry time plus its skew (a straggler);
+- every hop of the collective costs the same `Link` (the pace of its slowest link,
+  as in the classic analysis of rings and trees);
+- an emulated rank's program follows the library's: a ring step waits for the
+  receive two steps back, a tree node forwards after its receive and serializes its
+  sends on its link, a dissemination round waits for the round before;
+- real ranks are inputs: the controller records when each of their boundary
+  messages arrived (`real_sent`), and paths through a real rank start there again.
+
+The timelines below answer `arrival` in O(1) amortized (rings: closed forms of the
+step and the distance to the nearest real rank upstream) or O(log W) (trees and
+dissemination: walks up the tree or over the bits of a distance), never O(W) per
+message. `reference_arrivals` evaluates the same model over the whole DAG, every
+rank and every step, and backs the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+
+from .gloo import BinomialBroadcast, DisseminationBarrier, Link, RealRanks, RingAllgather, RingAllreduce, Schedule
+
+NEVER = -math.inf
+
+
+@dataclass(frozen=True)
+class Entry:
+    """When the emulated ranks enter the instance: `t0`, plus `skew[rank]` for stragglers."""
+
+    t0: float
+    skew: Mapping[int, float] = field(default_factory=dict)
+
+    def of(self, rank: int) -> float:
+        return self.t0 + self.skew.get(rank, 0.0)
+
+
+class Timeline:
+    """Arrival times of one instance's emulated-to-real messages.
+
+    `modeled`: the boundary hop is priced by the model (one machine, loopback), so a
+    real rank's message reaches its emulated peer one hop after the controller got it,
+    and an emulated message is released when it would arrive. Otherwise the link to the
+    real rank is itself a cluster link: release when the message would leave.
+    """
+
+    def __init__(self, schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True) -> None:
+        self.schedule = schedule
+        self.hop = hop
+        self.entry = entry
+        self.real = real
+        self.modeled = modeled
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        """Real `rank`'s boundary send of `step` reached the controller at `t`."""
+        raise NotImplementedError
+
+    def arrival(self, emu: int, step: int) -> float:
+        """When emulated `emu`'s send of `step` reaches its (real) peer."""
+        raise NotImplementedError
+
+    def boundary_cost(self, emu: int, step: int) -> float:
+        """The modeled time of the boundary hop itself, which a real link would spend."""
+        raise NotImplementedError
+
+    def release(self, emu: int, step: int) -> float:
+        t = self.arrival(emu, step)
+        return t if self.modeled else t - self.boundary_cost(emu, step)
+
+
+# ---------------------------------------------------------------------------------
+# rings (allreduce, allgather): two steps in flight, one pace c per two steps
+# ---------------------------------------------------------------------------------
+class RingTimeline(Timeline):
+    """Rank e at distance j downstream of its nearest real rank x (the chain x -> ... -> e
+    is all emulated) is ready for step t at
+
+        max( T + min(j-1, t//2) c,                         entries of the chain
+             T + skew(q) + (j-i) c,   if j-i <= t//2,      a straggler q at distance i <= j
+             A_x(t - 2j) + (j-1) c )                        the wave from x
+
+    where A_x(s) is the latest arrival at x's emulated neighbour of x's sends up to
+    step s. Its message arrives one pace later.
+    """
+
+    def __init__(self, schedule: RingAllreduce | RingAllgather, *args, **kwargs) -> None:
+        super().__init__(schedule, *args, **kwargs)
+        self.c = schedule.pace(self.hop)
+        self.up = self.real.above if isinstance(schedule, RingAllreduce) else self.real.below
+        self.down = -1 if isinstance(schedule, RingAllreduce) else 1  # where data goes
+        self.sent: dict[int, tuple[list[int], list[float]]] = {}
+        self.cursor: dict[tuple[int, int], int] = {}
+        self.stragglers = {q: d for q, d in self.entry.skew.items() if q not in self.real}
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        steps, times = self.sent.setdefault(rank, ([], []))
+        arrive = t + self.c if self.modeled else t
+        steps.append(step)
+        times.append(max(arrive, times[-1]) if times else arrive)  # prefix maximum
+
+    def _latest(self, x: int, s: int, emu: int) -> float:
+        """A_x(s): queries from one emulated rank come in step order, so a cursor moves forward."""
+        steps, times = self.sent.get(x, ((), ()))
+        key = (x, emu)
+        i = self.cursor.get(key, 0)
+        if i and steps[i - 1] > s:  # out of order: start over (never in the live engine)
+            i = 0
+        while i < len(steps) and steps[i] <= s:
+            i += 1
+        self.cursor[key] = i
+        return times[i - 1] if i else NEVER
+
+    def ready(self, emu: int, step: int) -> float:
+        x, j = self.up(emu)
+        c, half = self.c, step // 2
+        t = self.entry.t0 + min(j - 1, half) * c
+        for q, delay in self.stragglers.items():
+            i = (q - x) * self.down % self.schedule.world
+            if 1 <= i <= j and j - i <= half:  # its late start reaches e after j-i hops
+                t = max(t, self.entry.t0 + delay + (j - i) * c)
+        s = step - 2 * j
+        if s >= 0:
+            t = max(t, self._latest(x, s, emu) + (j - 1) * c)
+        return t
+
+    def arrival(self, emu: int, step: int) -> float:
+        return self.ready(emu, step) + self.c
+
+    def boundary_cost(self, emu: int, step: int) -> float:
+        return self.c
+
+
+# ---------------------------------------------------------------------------------
+# binomial broadcast: forward after the receive; a rank's k-th send leaves after k
+# messages' worth of bytes on its link
+# ---------------------------------------------------------------------------------
+class TreeTimeline(Timeline):
+    def __init__(self, schedule: BinomialBroadcast, *args, **kwargs) -> None:
+        super().__init__(schedule, *args, **kwargs)
+        self.ser = schedule.nbytes / self.hop.bandwidth
+        self.sent: dict[tuple[int, int], float] = {}
+        self._ready: dict[int, float] = {}
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        self.sent[(rank, step)] = t + self.hop.latency + self.ser if self.modeled else t
+
+    def _from(self, parent: int, bit: int) -> float:
+        """When the send of `parent` at `bit` reaches its child."""
+        if parent in self.real:
+            return self.sent.get((parent, bit), NEVER)
+        k = self.schedule.send_index(parent, bit)
+        return self.ready(parent) + self.hop.latency + k * self.ser
+
+    def ready(self, rank: int) -> float:
+        t = self._ready.get(rank)
+        if t is None:
+            t = self.entry.of(rank)
+            p = self.schedule.parent(rank)
+            got = self._from(*p) if p is not None else t
+            if got != NEVER:  # a real parent's send not seen yet: ask again later
+                self._ready[rank] = t = max(t, got)
+        return t
+
+    def arrival(self, emu: int, step: int) -> float:
+        return self._from(emu, step)
+
+    def boundary_cost(self, emu: int, step: int) -> float:
+        return self.hop.latency + self.ser
+
+
+# ---------------------------------------------------------------------------------
+# dissemination barrier: round k waits for round k-1's send and receive
+# ---------------------------------------------------------------------------------
+@cache
+def _emulated_hops(world: int, real: tuple[int, ...]) -> np.ndarray:
+    """h[k, e]: the most hops on a path of emulated ranks into rank e by round k
+    (entries of emulated ranks are its sources; real ranks cut paths). O(W log W), once."""
+    rounds = (world - 1).bit_length()
+    h = np.zeros((rounds + 1, world), dtype=np.int64)
+    emulated = np.ones(world, dtype=bool)
+    emulated[list(real)] = False
+    h[0][~emulated] = -(1 << 40)
+    for k in range(rounds):
+        shifted = np.roll(h[k], 1 << k) + 1  # from e - 2^k
+        h[k + 1] = np.where(emulated, np.maximum(h[k], shifted), h[k])
+    return h
+
+
+class BarrierTimeline(Timeline):
+    def __init__(self, schedule: DisseminationBarrier, *args, **kwargs) -> None:
+        super().__init__(schedule, *args, **kwargs)
+        self.a = self.hop.latency
+        self.hops = _emulated_hops(schedule.world, tuple(self.real.sorted))
+        self.sent: dict[tuple[int, int], float] = {}
+        self.stragglers = {q: d for q, d in self.entry.skew.items() if q not in self.real}
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        self.sent[(rank, step)] = t + self.a if self.modeled else t
+
+    def _path(self, src: int, m: int) -> tuple[int, int] | None:
+        """The hops from `src` covering distance m (binary digits, rising rounds): (first
+        round, hop count), or None when a rank on the way, other than the ends, is real."""
+        w, node, first = self.schedule.world, src, None
+        for k in range(m.bit_length()):
+            if m >> k & 1:
+                if first is None:
+                    first = k
+                node = (node + (1 << k)) % w
+                if node in self.real and (m >> (k + 1)):
+                    return None
+        return first, bin(m).count("1")
+
+    def ready(self, emu: int, rnd: int) -> float:
+        w, span = self.schedule.world, (1 << rnd) - 1
+        t = self.entry.t0 + int(self.hops[rnd, emu]) * self.a
+        for q, delay in self.stragglers.items():
+            m = (emu - q) % w
+            while m <= span:
+                if m == 0 or self._path(q, m) is not None:
+                    t = max(t, self.entry.t0 + delay + bin(m).count("1") * self.a)
+                m += w
+        for x in self.real.sorted:
+            m = (emu - x) % w
+            while 0 < m <= span:
+                path = self._path(x, m)
+                if path is not None:
+                    first, n = path
+                    t = max(t, self.sent.get((x, first), NEVER) + (n - 1) * self.a)
+                m += w
+        return t
+
+    def arrival(self, emu: int, step: int) -> float:
+        return self.ready(emu, step) + self.a
+
+    def boundary_cost(self, emu: int, step: int) -> float:
+        return self.a
+
+
+def timeline_for(schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True) -> Timeline:
+    if isinstance(schedule, (RingAllreduce, RingAllgather)):
+        return RingTimeline(schedule, hop, entry, real, modeled)
+    if isinstance(schedule, BinomialBroadcast):
+        return TreeTimeline(schedule, hop, entry, real, modeled)
+    if isinstance(schedule, DisseminationBarrier):
+        return BarrierTimeline(schedule, hop, entry, real, modeled)
+    raise TypeError(f"no timeline for {type(schedule).__name__}")
+
+
+# ---------------------------------------------------------------------------------
+# the reference: the same model over the whole DAG
+# ---------------------------------------------------------------------------------
+def reference_arrivals(
+    schedule: Schedule,
+    hop: Link,
+    entry: Entry,
+    real: RealRanks,
+    real_sends: Iterable[tuple[int, int, float]],
+    modeled: bool = True,
+) -> dict[tuple[int, int], float]:
+    """Arrival of every emulated rank's send to a real rank, {(emu, step): t}, by
+    evaluating every rank's every step. `real_sends`: (rank, step, t) of real boundary sends."""
+    w = schedule.world
+    emulated = [e for e in range(w) if e not in real]
+    sent = {(x, s): t for x, s, t in real_sends}
+    out: dict[tuple[int, int], float] = {}
+    if isinstance(schedule, (RingAllreduce, RingAllgather)):
+        c = schedule.pace(hop)
+        upstream = 1 if isinstance(schedule, RingAllreduce) else -1
+        steps = 2 * (schedule.geo.phase_steps if isinstance(schedule, RingAllreduce) else w - 1)
+        ready = {e: [NEVER] * steps for e in emulated}
+        for t in range(steps):
+            for e in emulated:
+                r = max(entry.of(e), ready[e][t - 1] if t else NEVER)
+                if t >= 2:
+                    u = (e + upstream) % w
+                    if u in real:
+                        r = max(r, sent.get((u, t - 2), NEVER) + (c if modeled else 0.0))
+                    else:
+                        r = max(r, ready[u][t - 2] + c)
+                ready[e][t] = r
+        for e in emulated:
+            for m in schedule.sends(e):
+                if m.peer in real:
+                    out[(e, m.step)] = ready[e][m.step] + c
+        return out
+    if isinstance(schedule, BinomialBroadcast):
+        ser = schedule.nbytes / hop.bandwidth
+        ready: dict[int, float] = {}
+        order = sorted(range(w), key=lambda r: (r - schedule.root) % w)  # parents before children
+        for r in order:
+            p = schedule.parent(r)
+            t = entry.of(r)
+            if p is not None:
+                parent, bit = p
+                if parent in real:
+                    got = sent.get((parent, bit), NEVER) + (hop.latency + ser if modeled else 0.0)
+                else:
+                    got = ready[parent] + hop.latency + schedule.send_index(parent, bit) * ser
+                t = max(t, got)
+            ready[r] = t
+        for e in emulated:
+            for m in schedule.sends(e):
+                if m.peer in real:
+                    out[(e, m.step)] = ready[e] + hop.latency + schedule.send_index(e, m.step) * ser
+        return out
+    if isinstance(schedule, DisseminationBarrier):
+        a = hop.latency
+        ready = {e: [entry.of(e)] for e in emulated}
+        for k in range(schedule.rounds):
+            for e in emulated:
+                u = (e - (1 << k)) % w
+                got = sent.get((u, k), NEVER) + (a if modeled else 0.0) if u in real else ready[u][k] + a
+                ready[e].append(max(ready[e][k], got))
+        for e in emulated:
+            for m in schedule.sends(e):
+                if m.peer in real:
+                    out[(e, m.step)] = ready[e][m.step] + a
+        return out
+    raise TypeError(f"no reference for {type(schedule).__name__}")

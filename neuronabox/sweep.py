@@ -1,0 +1,126 @@
+"""`neuronabox whatif --sweep KEY=V1,V2,... [launch flags] -- script.py [args]`
+
+Runs the job once per value, with `--inject KEY=V` (plus `--with` options such as
+per=collective,op=allreduce), and writes a CSV table and a PNG plot of the
+iteration time against the injected value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .summary import iteration_time
+from .whatif import WhatIfError, parse
+
+SWEEPABLE = {"latency": "injected latency", "bandwidth": "bandwidth factor", "jitter": "injected jitter"}
+
+
+class SweepError(ValueError):
+    pass
+
+
+def _spec(key: str, value: str, extra: str) -> str:
+    if key == "latency":
+        value = value if value.startswith("+") else "+" + value
+        value = "+0s" if value == "+0" else value
+    elif key == "bandwidth":
+        value = value if value.startswith("x") else "x" + value
+    elif key == "jitter" and value == "0":
+        value = "0s"
+    return f"{key}={value}" + (f",{extra}" if extra else "")
+
+
+def plan(sweep: str, extra: str) -> tuple[str, list[tuple[str, float, str]]]:
+    """(key, [(label, numeric value, spec)]) for a --sweep argument; bad input raises SweepError."""
+    key, eq, values = sweep.partition("=")
+    if not eq or key not in SWEEPABLE or not values:
+        raise SweepError(f"--sweep takes KEY=V1,V2,... with KEY one of {', '.join(SWEEPABLE)}, got {sweep!r}")
+    out = []
+    for raw in values.split(","):
+        spec = _spec(key, raw.strip(), extra)
+        try:
+            mod = parse(spec)
+        except WhatIfError as exc:
+            raise SweepError(f"--sweep value {raw!r}: {exc}") from None
+        out.append((raw.strip(), mod.value, spec))
+    return key, out
+
+
+def run_one(spec: str, launch: list[str], script: list[str], trace: Path) -> dict:
+    cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", *launch, "--inject", spec, "--trace", str(trace)]
+    proc = subprocess.run([*cmd, *script], capture_output=True, text=True)
+    if proc.returncode != 0:
+        cause = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SweepError(f"the run with {spec} failed: {cause}")
+    return json.loads(trace.read_text())
+
+
+def sweep_main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print("neuronabox: error: whatif needs the script after --", file=sys.stderr)
+        return 2
+    i = argv.index("--")
+    ours, script = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(prog="neuronabox whatif", add_help=True)
+    p.add_argument("--sweep", required=True, help="KEY=V1,V2,... (latency, bandwidth or jitter)")
+    p.add_argument("--with", dest="extra", default="", help="options added to every spec, e.g. per=collective")
+    p.add_argument("--out", default="whatif", help="output prefix: PREFIX.csv and PREFIX.png")
+    ns, launch = p.parse_known_args(ours)
+    if not script:
+        print("neuronabox: error: no training script given after --", file=sys.stderr)
+        return 2
+    try:
+        key, points = plan(ns.sweep, ns.extra)
+    except SweepError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="neuronabox-sweep-") as d:
+        for n, (label, value, spec) in enumerate(points):
+            try:
+                trace = run_one(spec, launch, script, Path(d) / f"trace{n}.json")
+            except SweepError as exc:
+                print(f"neuronabox: error: {exc}", file=sys.stderr)
+                return 1
+            steps, it = iteration_time(trace.get("steps", []))
+            if steps < 2:
+                print("neuronabox: error: no optimizer steps observed; the sweep needs the observer", file=sys.stderr)
+                return 1
+            rows.append((label, value, it))
+            print(f"  {spec:<40} iteration {it * 1e3:9.3f} ms", flush=True)
+    csv_path, png_path = Path(f"{ns.out}.csv"), Path(f"{ns.out}.png")
+    unit = "s" if key in ("latency", "jitter") else "x"
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([key, f"{key}_{unit}", "iteration_s"])
+        w.writerows(rows)
+    plot(rows, key, ns.extra, png_path)
+    print(f"wrote {csv_path} and {png_path}")
+    return 0
+
+
+def plot(rows: list[tuple[str, float, float]], key: str, extra: str, path: Path) -> tuple[str, str]:
+    """Iteration time against the swept value; returns the axis labels it wrote."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale, unit = (1e3, "ms") if key in ("latency", "jitter") else (1.0, "x")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([v * scale for _, v, _ in rows], [it * 1e3 for _, _, it in rows], marker="o")
+    ax.set_xlabel(f"{SWEEPABLE[key]} ({unit})" + (f", {extra}" if extra else ""))
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title("NeuronaBox what-if sweep")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    labels = (ax.get_xlabel(), ax.get_ylabel())
+    plt.close(fig)
+    return labels

@@ -1,0 +1,49 @@
+"""Benchmark worker: times collectives on the real rank.
+
+Each repetition starts after a barrier, so every rank enters together; the first
+real rank prints one line, RESULT {kind: {median_s, min_s}}.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--kinds", default="allreduce")
+p.add_argument("--bytes", type=int, default=4096)
+p.add_argument("--root", type=int, default=0, help="broadcast root")
+p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--reps", type=int, default=10)
+args = p.parse_args()
+dist.init_process_group("gloo")
+world = dist.get_world_size()
+t = torch.ones(max(1, args.bytes // 4))
+block = torch.ones(max(1, args.bytes // 4 // world))
+gathered = [torch.empty_like(block) for _ in range(world)]
+ops = {
+    "allreduce": lambda: dist.all_reduce(t),
+    "allgather": lambda: dist.all_gather(gathered, block),
+    "broadcast": lambda: dist.broadcast(t, src=args.root),
+    "barrier": lambda: dist.barrier(),
+}
+out = {}
+for kind in args.kinds.split(","):
+    times = []
+    for i in range(args.warmup + args.reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ops[kind]()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    out[kind] = {"median_s": statistics.median(times), "min_s": min(times)}
+real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
+if dist.get_rank() == real[0]:
+    print("RESULT " + json.dumps(out), flush=True)
+dist.barrier()
+# Skip interpreter teardown: stock torch 2.13 sometimes aborts in Gloo's destructors.
+os._exit(0)

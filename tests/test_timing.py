@@ -1,0 +1,60 @@
+"""The release-time fast path against the full-DAG reference, and the model's shape."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from neuronabox.topology import LinkClass
+
+from neuronabox.schedules.gloo import (
+    BinomialBroadcast,
+    DisseminationBarrier,
+    RealRanks,
+    RingAllgather,
+    RingAllreduce,
+    RingGeometry,
+)
+from neuronabox.schedules.timing import Entry, reference_arrivals, timeline_for
+
+
+def random_case(rng: random.Random, kind: str):
+    w = rng.randint(2, 24)
+    real = RealRanks(rng.sample(range(w), rng.randint(1, min(3, w - 1))), w)
+    if kind == "allreduce":
+        sched = RingAllreduce(RingGeometry.for_tensor(w, rng.choice([4, 40, 4000, 3 << 20]) * rng.randint(1, 9), 4))
+    elif kind == "allgather":
+        sched = RingAllgather(w, rng.randint(1, 5000))
+    elif kind == "broadcast":
+        sched = BinomialBroadcast(w, rng.randrange(w), rng.randint(0, 1 << 20))
+    else:
+        sched = DisseminationBarrier(w)
+    emulated = [e for e in range(w) if e not in real]
+    skew = {q: rng.uniform(0, 3e-3) for q in rng.sample(emulated, min(len(emulated), rng.randint(0, 2)))}
+    hop = LinkClass("hop", rng.uniform(1e8, 1e10), rng.uniform(1e-6, 1e-3))
+    entry = Entry(rng.uniform(0, 1), skew)
+    # Real ranks' boundary sends: in step order, at random rising times (they may be
+    # early or late against the model: the two evaluators must agree on any input).
+    sends = []
+    for x in real.sorted:
+        t = entry.t0
+        for m in sched.sends(x):
+            if m.peer not in real:
+                t += rng.uniform(0, 2e-3)
+                sends.append((x, m.step, t))
+    return sched, hop, entry, real, sends
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "barrier"])
+def test_fast_path_equals_reference(kind):
+    rng = random.Random(kind)
+    for _ in range(60):
+        sched, hop, entry, real, sends = random_case(rng, kind)
+        modeled = rng.random() < 0.7
+        ref = reference_arrivals(sched, hop, entry, real, sends, modeled)
+        fast = timeline_for(sched, hop, entry, real, modeled)
+        for x, step, t in sends:
+            fast.real_sent(x, step, t)
+        for (emu, step), want in sorted(ref.items()):
+            where = (kind, sched.world, real.sorted, emu, step)
+            assert fast.arrival(emu, step) == pytest.approx(want, abs=1e-12), where

@@ -1,0 +1,116 @@
+"""Timing end to end: release times, what-if injection (at launch and live) and the sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import time
+
+import pytest
+from conftest import EXAMPLE, ROOT, nbx, spawn
+
+LOOP = str(ROOT / "scripts" / "collective_loop.py")
+SLOW_LAB = """name: slow-lab
+nodes: 8
+ranks_per_node: 1
+links:
+  intra: {bandwidth: 10GB/s, latency: 1us}
+  inter: {bandwidth: 1Gb/s, latency: 500us}
+"""
+
+
+def timed(*launch: str, kinds: str, nbytes: int = 4096, reps: int = 8, root: int = 0, trace=None) -> dict:
+    extra = ("--trace", str(trace)) if trace else ()
+    args = ("--kinds", kinds, "--bytes", str(nbytes), "--reps", str(reps), "--root", str(root))
+    res = nbx("torchrun", *launch, *extra, LOOP, *args)
+    assert res.rc == 0, res.err[-3000:]
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("RESULT "))
+    return {k: v["median_s"] for k, v in json.loads(line[7:]).items()}
+
+
+def test_latency_per_collective_lands_on_its_kind_only():
+    base = timed("--nnodes", "4", kinds="allreduce,broadcast")
+    more = timed("--nnodes", "4", "--inject", "latency=+2ms,per=collective,op=allreduce", kinds="allreduce,broadcast")
+    assert 1.6e-3 < more["allreduce"] - base["allreduce"] < 2.6e-3, (base, more)
+    assert abs(more["broadcast"] - base["broadcast"]) < 0.4e-3, (base, more)
+
+
+def test_real_rank_tracks_the_model(tmp_path):
+    """Where the modeled network is slower than the emulator's own costs, the real rank
+    measures the model's instance time (the benchmark table has the full grid)."""
+    topo = tmp_path / "slow.yaml"
+    topo.write_text(SLOW_LAB)
+    trace = tmp_path / "trace.json"
+    # root 1 makes real rank 0 the last vrank of the broadcast tree: it waits longest.
+    got = timed(
+        "--nnodes", "8", "--topology", str(topo), kinds="allreduce,allgather,broadcast,barrier",
+        nbytes=1 << 20, reps=3, root=1, trace=trace,
+    )  # fmt: skip
+    doc = json.loads(trace.read_text())
+    big = [r for r in doc["instances"] if r["nbytes"] >= 1 << 17 or r["kind"] == "barrier"]
+    predicted = {r["kind"]: r["predicted"] for r in big}
+    for kind, t in got.items():
+        assert t == pytest.approx(predicted[kind], rel=0.15), (kind, t, predicted[kind])
+    assert predicted["broadcast"] > predicted["allgather"] > predicted["barrier"]
+    assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] < 1000
+
+
+def allreduce_counters() -> tuple[int, float]:
+    """(count, summed real-rank seconds) of allreduces so far, from `neuronabox status`."""
+    res = nbx("status", check_clean=False)
+    m = re.search(r"allreduce\s+count\s+(\d+).*real-rank time ([0-9.]+) s", res.out)
+    return (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
+
+
+def mean_over(seconds: float) -> float:
+    n0, s0 = allreduce_counters()
+    time.sleep(seconds)
+    n1, s1 = allreduce_counters()
+    assert n1 > n0, "no allreduce completed in the window"
+    return (s1 - s0) / (n1 - n0)
+
+
+def test_inject_changes_a_live_run():
+    proc, _ = spawn(
+        "torchrun", "--nnodes", "4", "--delay-model", "zero",
+        LOOP, "--kinds", "allreduce", "--reps", "400000", "--warmup", "0",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and allreduce_counters()[0] == 0:
+            time.sleep(0.3)
+        before = mean_over(1.0)
+        bad = nbx("inject", "latency=+3", check_clean=False)
+        assert bad.rc == 2 and "latency" in bad.last_error
+        ok = nbx("inject", "latency=+4ms,per=collective,op=allreduce", check_clean=False)
+        assert ok.rc == 0 and "latency=+4ms" in ok.out, ok.err
+        during = mean_over(1.5)
+        assert nbx("inject", "--clear", check_clean=False).out.strip() == "what-if now: none"
+        after = mean_over(1.0)
+        assert during > before + 3e-3 and after < during - 3e-3, (before, during, after)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+def test_whatif_sweep_on_the_example(tmp_path):
+    out = tmp_path / "sweep"
+    res = nbx(
+        "whatif", "--sweep", "latency=0,2ms,8ms", "--out", str(out), "--nnodes", "4",
+        "--", EXAMPLE, "--steps", "6",
+    )  # fmt: skip
+    assert res.rc == 0, res.err[-3000:]
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [r["latency"] for r in rows] == ["0", "2ms", "8ms"]
+    its = [float(r["iteration_s"]) for r in rows]
+    assert its[0] < its[1] < its[2], its
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(tmp_path / "sweep.png"))
+    assert img.shape[0] > 100 and img.shape[1] > 100
+    from neuronabox.sweep import plot
+
+    xlabel, ylabel = plot([(r["latency"], float(r["latency_s"]), it) for r, it in zip(rows, its, strict=True)],
+                          "latency", "", tmp_path / "again.png")  # fmt: skip
+    assert "latency" in xlabel and "(ms)" in xlabel and ylabel == "iteration time (ms)"
