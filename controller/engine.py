@@ -71,7 +71,7 @@ class InstanceRecord:
     per_rank: dict[int, tuple[float, float]]
     geometry: str
     loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
-    predicted: float = 0.0  # the delay model's time for the instance, every rank emulated
+    predicted: float = 0.0  # the delay model's time for the instance on the first real rank
 
 
 class _PendingSend:
@@ -224,7 +224,7 @@ class Instance:
         timing = self.engine.timing
         if timing is not None:
             self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.start)
-            self.predicted = timing.predicted(self.kind, self.nbytes, sched)
+            self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
         for r in g.real.sorted:
             for m in sched.sends(r):
                 if m.peer not in g.real:
@@ -239,7 +239,7 @@ class Instance:
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._dispatch(conn, ev)
-        if self.remaining == 0:
+        if self.boundary == 0:  # nothing crosses the boundary (otherwise the last _mark completes it)
             self.engine._complete(self)
 
     def _post_receives(self) -> None:

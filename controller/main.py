@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import asdict
 
@@ -36,7 +37,7 @@ from .dialects.gloo.wire import (
     dialer_is_local,
     make_slot,
 )
-from .engine import Conn, Engine, Group, InstanceRecord
+from .engine import Conn, Engine, Group, InstanceRecord, ProtocolError
 from .observers import ObserverHub
 from .release import ReleaseTiming
 from .rendezvous import (
@@ -219,7 +220,10 @@ class Controller:
     # -- lifecycle -------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:
         if not self.error:
-            self.error = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+            if not isinstance(exc, (ProtocolError, UnsupportedRecord, ConnectionError, RuntimeError)):
+                # not one of ours: the traceback goes to controller.log, which the launcher keeps
+                traceback.print_exception(exc, file=sys.stderr)
+            self.error = f"{type(exc).__name__}: {exc}" if not str(exc) or isinstance(exc, LookupError) else str(exc)
         self.state = "failed"
         self.driver.running = False
         self.driver.call_soon(lambda: None)

@@ -52,12 +52,13 @@ class ReleaseTiming:
         entry = Entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind))
         return timeline_for(schedule, hop, entry, real, self.modeled)
 
-    def predicted(self, kind: str, nbytes: int, schedule: Schedule) -> float:
-        """The instance's time with every rank emulated, modifiers included."""
+    def predicted(self, kind: str, nbytes: int, schedule: Schedule, rank: int) -> float:
+        """The model's time for the instance as real `rank` sees it (every other rank
+        emulated), modifiers included."""
         if not self.active:
             return 0.0
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        return schedule.free_time(hop) + self.whatif.entry_delay(kind)
+        return schedule.rank_time(hop, rank) + self.whatif.entry_delay(kind)
 
     def jitter(self, kind: str) -> float:
         return self.whatif.jitter(kind)

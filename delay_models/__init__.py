@@ -49,6 +49,19 @@ def path_time(topology: Topology, src: int, dst: int, nbytes: int) -> float:
     return sum(lc.latency for lc in path) + nbytes / min(lc.bandwidth for lc in path)
 
 
+class WalksSchedule:
+    """For models that price an instance by walking its schedule with their `hop`."""
+
+    name = "model"
+
+    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
+        if world <= 1:
+            return 0.0
+        if schedule is None:
+            raise ValueError(f"{self.name} needs the {kind} schedule to price an instance")
+        return schedule.free_time(self.hop(kind, nbytes, world, schedule))
+
+
 def available() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=GROUP))
 

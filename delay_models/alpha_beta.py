@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from neuronabox.topology import LinkClass, Topology
 
-from . import FREE, path_time
+from . import FREE, WalksSchedule, path_time
 
 # The rank distances each kind's messages travel: rings talk to a neighbour, trees
 # and dissemination at powers of two.
 _RING = {"allreduce": (-1,), "allgather": (1,)}
 
 
-class AlphaBeta:
+class AlphaBeta(WalksSchedule):
     name = "alpha-beta"
 
     def __init__(self, topology: Topology) -> None:
@@ -36,10 +36,3 @@ class AlphaBeta:
         if not worst:
             return FREE
         return LinkClass("hop", min(lc.bandwidth for lc in worst), sum(lc.latency for lc in worst))
-
-    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
-        if world <= 1:
-            return 0.0
-        if schedule is None:
-            raise ValueError(f"alpha-beta needs the {kind} schedule to price an instance")
-        return schedule.free_time(self.hop(kind, nbytes, world, schedule))

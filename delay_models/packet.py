@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import simpy
 from neuronabox.topology import LinkClass, Topology
 
-from . import FREE
+from . import FREE, WalksSchedule
 
 MAX_SIMULATED_RANKS = 1024  # patterns repeat; one step of a larger world is simulated on this many ranks
 
@@ -112,7 +112,7 @@ class FlowNetwork:
         return rates
 
 
-class PacketNetwork:
+class PacketNetwork(WalksSchedule):
     name = "packet"
 
     def __init__(self, topology: Topology) -> None:
@@ -158,13 +158,6 @@ class PacketNetwork:
                     worst_rate = min(worst_rate, per_flow * size / slowest if slowest > 0 else float("inf"))
             self._hops[key] = LinkClass("hop", worst_rate, worst_lat)
         return self._hops[key]
-
-    def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
-        if world <= 1:
-            return 0.0
-        if schedule is None:
-            raise ValueError(f"the packet model needs the {kind} schedule to price an instance")
-        return schedule.free_time(self.hop(kind, nbytes, world, schedule))
 
 
 def _step_bytes(kind: str, nbytes: int, world: int, schedule) -> int:

@@ -58,3 +58,28 @@ def test_fast_path_equals_reference(kind):
         for (emu, step), want in sorted(ref.items()):
             where = (kind, sched.world, real.sorted, emu, step)
             assert fast.arrival(emu, step) == pytest.approx(want, abs=1e-12), where
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather"])
+def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
+    """A real rank that runs Gloo's program at once (a step's send leaves when the
+    receives up to two steps back are in) ends when `rank_time` says, small tensors
+    in large worlds included, whose last segments are empty."""
+    rng = random.Random(7)
+    hop = LinkClass("hop", 1e9, 20e-6)
+    for w in (2, 5, 16, 33, 100):
+        if kind == "allreduce":
+            sched = RingAllreduce(RingGeometry.for_tensor(w, rng.choice([8, 400, 4096, 5 << 20]), 4))
+        else:
+            sched = RingAllgather(w, rng.choice([2, 4096]))
+        r = rng.randrange(w)
+        tl = timeline_for(sched, hop, Entry(0.0), RealRanks([r], w))
+        sends = {m.step for m in sched.sends(r)}
+        recvs = {m.step: m.peer for m in sched.recvs(r)}
+        arrived: dict[int, float] = {}
+        for t in range(max(sends | set(recvs)) + 1):
+            if t in sends:
+                tl.real_sent(r, t, max([0.0] + [a for s, a in arrived.items() if s <= t - 2]))
+            if t in recvs:
+                arrived[t] = tl.arrival(recvs[t], t)
+        assert max(arrived.values()) == pytest.approx(sched.rank_time(hop, r), rel=1e-9), (w, r)

@@ -114,3 +114,11 @@ def test_whatif_sweep_on_the_example(tmp_path):
     xlabel, ylabel = plot([(r["latency"], float(r["latency_s"]), it) for r, it in zip(rows, its, strict=True)],
                           "latency", "", tmp_path / "again.png")  # fmt: skip
     assert "latency" in xlabel and "(ms)" in xlabel and ylabel == "iteration time (ms)"
+
+
+def test_single_message_instance_released_at_once():
+    """A broadcast from an emulated root to the one real rank is a single boundary
+    message; when its release time has passed by the time the instance is set up, it
+    leaves at once and the instance completes once."""
+    got = timed("--nnodes", "2", kinds="broadcast", root=1, reps=3)
+    assert got["broadcast"] > 0

@@ -83,6 +83,10 @@ class Schedule(Protocol):
         """Seconds the instance takes when every rank is emulated and every hop costs `hop`."""
         ...
 
+    def rank_time(self, hop: Link, rank: int) -> float:
+        """Seconds from entry until `rank` is done, every rank emulated."""
+        ...
+
 
 def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
@@ -194,6 +198,12 @@ class RingAllreduce:
         """The instance's time with every rank emulated: 2P steps, two per pace."""
         return self.geo.phase_steps * self.pace(hop)
 
+    def rank_time(self, hop: Link, rank: int) -> float:
+        """When `rank`'s last receive arrives: a rank whose last segments are empty (a
+        small tensor in a large world) is done before the instance is."""
+        recvs = self.recvs(rank)
+        return (recvs[-1].step // 2 + 1) * self.pace(hop) if recvs else 0.0
+
 
 # ---------------------------------------------------------------------------
 # allgather: ring, each block in two halves
@@ -230,6 +240,9 @@ class RingAllgather:
 
     def free_time(self, hop: Link) -> float:
         return (self.world - 1) * self.pace(hop)
+
+    def rank_time(self, hop: Link, rank: int) -> float:
+        return self.free_time(hop) if self.recvs(rank) else 0.0
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         x, d = real.below(rank)
@@ -301,6 +314,13 @@ class BinomialBroadcast:
         cands = [top] + [(top & ~((2 << i) - 1)) | ((1 << i) - 1) for i in range(top.bit_length()) if top >> i & 1]
         return max(bin(v).count("1") * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth for v in cands)
 
+    def rank_time(self, hop: Link, rank: int) -> float:
+        """A receiver: when the data reaches it; the root: when its last send has left."""
+        v = self._v(rank)
+        if v == 0:
+            return len(self.sends(rank)) * self.nbytes / hop.bandwidth
+        return bin(v).count("1") * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth
+
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         node = rank
         while True:
@@ -332,6 +352,9 @@ class DisseminationBarrier:
 
     def free_time(self, hop: Link) -> float:
         return self.rounds * hop.latency
+
+    def rank_time(self, hop: Link, rank: int) -> float:
+        return self.free_time(hop)
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         # Rank x is in the causal past of (rank, round k) through its send at round
