@@ -377,8 +377,10 @@ class Engine:
         call_at: Callable[[float, Callable[[], None]], None] | None = None,
     ) -> None:
         self.emit = emit
+        if timing is not None and call_at is None:
+            raise ValueError("timed releases need the driver's call_at")
         self.timing = timing
-        self.call_at = call_at or (lambda when, fn: (time.sleep(max(0.0, when - time.monotonic())), fn()))
+        self.call_at = call_at
         self.conn_of = conn_of or (lambda group, real, emu: None)
         self.unposted: dict[tuple[str, int, int], list[tuple[Instance, list[Msg]]]] = {}
         self.request_meta = request_meta

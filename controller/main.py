@@ -17,6 +17,7 @@ import time
 import traceback
 from collections import defaultdict
 from dataclasses import asdict
+from datetime import timedelta
 
 from neuronabox import delay_models, topology
 from neuronabox.schedules.gloo import (
@@ -89,7 +90,8 @@ class Controller:
         self.hub.on_lost = self._observer_lost
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
-        self.service = ControlService(self.snapshot, self.request_stop, self.inject)
+        self.finished = threading.Event()  # the loop has stopped and the state is final
+        self.service = ControlService(self.snapshot, self.request_stop, self.inject, self.finished)
         self.server, self.control_port = serve(self.service, cfg.control_host)
         self._reply_done = threading.Event()
         self.store = None
@@ -199,20 +201,28 @@ class Controller:
             agents.assign_ranks_if_node0_emulated()
             self.log("emulated agents joined")
             self.state = "running"
-            pending = set(self.cfg.real_ranks)
-            while pending and self.driver.running:
-                for r in sorted(pending):
-                    key = default_group_key(r)
-                    if store.check([key]):
-                        rec = RankRecord.decode(store.get(key), self.world)
-                        pending.discard(r)
-                        self.log(f"real rank {r} published its record ({'lazy' if rec.lazy else 'full mesh'})")
-                        self.driver.call_soon(lambda r=r, rec=rec: self.connect_real_rank(r, rec))
-                if pending:
-                    time.sleep(0.05)
+            for r in self.cfg.real_ranks:
+                key = default_group_key(r)
+                while not self._store_wait(store, key):  # wakes now and then to see whether the run still goes
+                    if not self.driver.running:
+                        return
+                rec = RankRecord.decode(store.get(key), self.world)
+                self.log(f"real rank {r} published its record ({'lazy' if rec.lazy else 'full mesh'})")
+                self.driver.call_soon(lambda r=r, rec=rec: self.connect_real_rank(r, rec))
         except BaseException as exc:  # noqa: BLE001
             if self.state != "stopping":
                 self.fail(exc)
+
+    @staticmethod
+    def _store_wait(store, key: str) -> bool:
+        """Block until `key` is in the store (True) or ten seconds have passed (False)."""
+        import torch.distributed as dist
+
+        try:
+            store.wait([key], timedelta(seconds=10))
+            return True
+        except getattr(dist, "DistStoreError", RuntimeError):
+            return False
 
     def log(self, what: str) -> None:
         print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)
@@ -252,6 +262,7 @@ class Controller:
             print(f"neuronabox controller: error: {self.error}", file=sys.stderr, flush=True)
         else:
             self.state = "stopped"
+        self.finished.set()
         if self.cfg.trace_file:
             with open(self.cfg.trace_file, "w") as f:
                 json.dump(self.trace(), f)

@@ -8,8 +8,6 @@ kept so a run can say how precise it was.
 
 from __future__ import annotations
 
-import threading
-
 from neuronabox.topology import LinkClass
 
 from neuronabox.schedules.gloo import RealRanks, Schedule
@@ -24,7 +22,6 @@ class ReleaseTiming:
         self.model = model
         self.whatif = whatif or WhatIf()
         self.modeled = modeled_boundary
-        self.lock = threading.Lock()  # the control service swaps modifiers from its threads
         self._hops: dict[tuple, LinkClass] = {}
         self.lateness: list[float] = []
         self.late_count = 0
@@ -35,11 +32,11 @@ class ReleaseTiming:
         return self.model.name != "zero" or self.whatif.any()
 
     def set_whatif(self, whatif: WhatIf) -> None:
-        with self.lock:
-            self.whatif = whatif
+        """From the control service's threads: one reference swap, which the loop reads whole."""
+        self.whatif = whatif
 
     def hop(self, kind: str, nbytes: int, world: int, schedule: Schedule) -> LinkClass:
-        key = (kind, nbytes, world, id(schedule) if kind == "allreduce" else 0)
+        key = (kind, nbytes, world, getattr(schedule, "geo", None))  # an allreduce's segmentation prices its hop
         link = self._hops.get(key)
         if link is None:
             link = self._hops[key] = self.model.hop(kind, nbytes, world, schedule)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Callable
 from concurrent import futures
 
@@ -17,7 +17,9 @@ class ControlService(control_pb2_grpc.ControlServicer):
         snapshot: Callable[[bool], control_pb2.StatusReply],
         shutdown: Callable[[str], None],
         inject: Callable[[list[str], bool], list[str]] | None = None,
+        finished: threading.Event | None = None,
     ) -> None:
+        self._finished = finished or threading.Event()
         self._snapshot = snapshot
         self._shutdown = shutdown
         self._inject = inject
@@ -27,12 +29,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
 
     def Shutdown(self, request, context):  # noqa: N802
         self._shutdown(request.reason or "requested")
-        deadline = time.monotonic() + 10
-        reply = self._snapshot(True)
-        while reply.state not in ("stopped", "failed") and time.monotonic() < deadline:
-            time.sleep(0.02)
-            reply = self._snapshot(True)
-        return reply
+        self._finished.wait(timeout=10)
+        return self._snapshot(True)
 
     def Inject(self, request, context):  # noqa: N802
         if self._inject is None:

@@ -246,8 +246,11 @@ class Run:
         """With the controller gone the real ranks' next collective fails on its own;
         give them that chance (their errors are the useful log) before stopping them."""
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.torchruns):
-            time.sleep(0.1)
+        for p in self.torchruns:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def shutdown(self, reason: str):
         if self.controller is None or self.controller.poll() is not None or not self.control_addr:

@@ -25,17 +25,6 @@ class SweepError(ValueError):
     pass
 
 
-def _spec(key: str, value: str, extra: str) -> str:
-    if key == "latency":
-        value = value if value.startswith("+") else "+" + value
-        value = "+0s" if value == "+0" else value
-    elif key == "bandwidth":
-        value = value if value.startswith("x") else "x" + value
-    elif key == "jitter" and value == "0":
-        value = "0s"
-    return f"{key}={value}" + (f",{extra}" if extra else "")
-
-
 def plan(sweep: str, extra: str) -> tuple[str, list[tuple[str, float, str]]]:
     """(key, [(label, numeric value, spec)]) for a --sweep argument; bad input raises SweepError."""
     key, eq, values = sweep.partition("=")
@@ -43,7 +32,7 @@ def plan(sweep: str, extra: str) -> tuple[str, list[tuple[str, float, str]]]:
         raise SweepError(f"--sweep takes KEY=V1,V2,... with KEY one of {', '.join(SWEEPABLE)}, got {sweep!r}")
     out = []
     for raw in values.split(","):
-        spec = _spec(key, raw.strip(), extra)
+        spec = f"{key}={raw.strip()}" + (f",{extra}" if extra else "")
         try:
             mod = parse(spec)
         except WhatIfError as exc:

@@ -3,7 +3,7 @@
 One spec is a comma list of key=value, the first pair naming the modifier:
 
     latency=+2ms[,per=hop|collective][,op=KIND]   added latency per hop, or once per collective
-    bandwidth=x0.5[,op=KIND]                      every link's bandwidth scaled
+    bandwidth=x0.5[,op=KIND]                      every link's bandwidth scaled (the x is optional)
     jitter=200us[,seed=1][,op=KIND]               each released message up to this much later (uniform)
     straggler=rank:5,delay=3ms[,op=KIND]          emulated rank 5 enters every collective late
 
@@ -72,10 +72,10 @@ def parse(spec: str) -> Modifier:
         return Modifier("latency", value, per=per, op=op, spec=spec)
     if what == "bandwidth":
         try:
-            factor = float(raw.lstrip("x*"))
+            factor = float(raw.removeprefix("x"))
         except ValueError:
             factor = 0.0
-        if not raw.startswith(("x", "*")) or factor <= 0:
+        if factor <= 0:
             raise WhatIfError(f"{spec!r}: bandwidth takes a positive factor such as x0.5, got {raw!r}")
         return Modifier("bandwidth", factor, op=op, spec=spec)
     if what == "jitter":

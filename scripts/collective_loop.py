@@ -19,6 +19,7 @@ p.add_argument("--bytes", type=int, default=4096)
 p.add_argument("--root", type=int, default=0, help="broadcast root")
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--reps", type=int, default=10)
+p.add_argument("--announce", action="store_true", help="print each timed repetition as it ends")
 args = p.parse_args()
 dist.init_process_group("gloo")
 world = dist.get_world_size()
@@ -40,6 +41,8 @@ for kind in args.kinds.split(","):
         ops[kind]()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+            if args.announce and dist.get_rank() == 0:
+                print(f"REP {kind} {times[-1]:.6f}", flush=True)
     out[kind] = {"median_s": statistics.median(times), "min_s": min(times)}
 real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
 if dist.get_rank() == real[0]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -63,19 +66,83 @@ def nbx(*argv: str, timeout: float = 240, env: dict | None = None, check_clean: 
     return res
 
 
-def spawn(*argv: str) -> tuple[subprocess.Popen, str]:
-    """Start `neuronabox ARGV...` in the background; returns the process and its tag."""
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, NEURONABOX_TEST_TAG=tag, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neuronabox.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    return proc, tag
+class Live:
+    """`neuronabox ARGV...` running in the background; its stdout lines arrive on a queue,
+    so a test waits on the line that says what it needs instead of sleeping."""
+
+    def __init__(self, *argv: str) -> None:
+        self.tag = uuid.uuid4().hex
+        env = dict(os.environ, NEURONABOX_TEST_TAG=self.tag, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronabox.cli", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.out: list[str] = []
+        self._errs: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=lambda: self._errs.extend(self.proc.stderr), daemon=True),  # never lets it fill
+        ]
+        for t in self._readers:
+            t.start()
+
+    @property
+    def err(self) -> str:
+        return "".join(self._errs)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.out.append(line)
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_line(self, pattern: str, timeout: float = 120) -> re.Match:
+        """The next stdout line matching `pattern`; fails the test at EOF or after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no line matching {pattern!r} within {timeout} s")
+            if line is None:
+                self.finish(timeout=30)
+                pytest.fail(f"the run ended without a line matching {pattern!r}: {self.err[-2000:]}")
+            m = re.search(pattern, line)
+            if m:
+                return m
+
+    def drain(self) -> None:
+        """Drop the lines not read yet: what comes next was written after this call."""
+        try:
+            while True:
+                if self.lines.get_nowait() is None:
+                    self.lines.put(None)
+                    return
+        except queue.Empty:
+            pass
+
+    def finish(self, timeout: float = 180) -> int:
+        """Wait for the run to end; returns its exit status (stdout is in `out`, stderr in `err`)."""
+        self.proc.wait(timeout=timeout)
+        for t in self._readers:
+            t.join(timeout=10)
+        return self.proc.returncode
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.finish(timeout=30)
+        _, left = psutil.wait_procs(tagged_processes(self.tag), timeout=10)
+        assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
 
 
 @pytest.fixture

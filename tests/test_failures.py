@@ -7,10 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
-from conftest import EXAMPLE, ROOT, SCRIPTS, spawn, tagged_processes
+from conftest import EXAMPLE, ROOT, SCRIPTS, Live, tagged_processes
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
 
@@ -66,74 +65,40 @@ def live_status() -> str:
 
 
 def test_a_controller_that_dies_fails_the_real_ranks():
-    proc, tag = spawn(
-        "torchrun",
-        "--nnodes",
-        "4",
-        COLLECTIVES,
-        "--repeat",
-        "100000",
-        "--sleep",
-        "0.02",
-        "--sizes",
-        "1024",
-        "--dtypes",
-        "float32",
-    )
+    live = Live(
+        "torchrun", "--nnodes", "4", COLLECTIVES, "--repeat", "100000", "--sizes", "1024", "--dtypes", "float32",
+    )  # fmt: skip
     try:
-        controller = None
-        deadline = time.monotonic() + 120
-        while controller is None and time.monotonic() < deadline:
-            for p in tagged_processes(tag):
-                if "neuronabox.controller.main" in " ".join(p.cmdline()):
-                    controller = p
-            time.sleep(0.2)
-        assert controller is not None
-        # wait until collectives flow, then kill the controller outright
-        while time.monotonic() < deadline and "allreduce" not in live_status():
-            time.sleep(0.2)
-        assert proc.poll() is None
-        os.kill(controller.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=90)
+        live.wait_line(r"iteration 0 done")  # collectives flow: kill the controller outright
+        controllers = [p for p in tagged_processes(live.tag) if "neuronabox.controller.main" in " ".join(p.cmdline())]
+        assert len(controllers) == 1
+        assert "allreduce" in live_status()
+        assert live.proc.poll() is None
+        os.kill(controllers[0].pid, signal.SIGKILL)
+        live.finish(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
-    assert "neuronabox: error: controller failed: the controller died (signal 9)" in err
+        live.stop()
+    assert live.proc.returncode == 1
+    assert "neuronabox: error: controller failed: the controller died (signal 9)" in live.err
     # the real rank's own Gloo noticed: it failed, it did not hang
-    assert "Connection reset by peer" in err or "Connection closed by peer" in err
-    _, left = psutil.wait_procs(tagged_processes(tag), timeout=10)
-    assert not left
+    assert "Connection reset by peer" in live.err or "Connection closed by peer" in live.err
 
 
-def test_status_of_a_live_run():
-    proc, _ = spawn(
-        "torchrun",
-        "--nnodes",
-        "16",
-        COLLECTIVES,
-        "--repeat",
-        "60",
-        "--sleep",
-        "0.1",
-        "--sizes",
-        "4096",
-        "--dtypes",
-        "float32",
-    )
+def test_status_of_a_live_run(tmp_path):
+    go_on = tmp_path / "done"
+    live = Live(
+        "torchrun", "--nnodes", "16", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on),
+        "--sizes", "4096", "--dtypes", "float32",
+    )  # fmt: skip
     try:
-        seen = ""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            seen = live_status()
-            if "allreduce" in seen:
-                break
-            time.sleep(0.5)
-        assert "world 16" in seen and "real ranks [0]" in seen
-        out, err = proc.communicate(timeout=180)
+        live.wait_line(r"iteration 0 done")
+        seen = live_status()
+        assert "world 16" in seen and "real ranks [0]" in seen and "allreduce" in seen
+        go_on.touch()
+        live.finish(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-2000:]
+        live.stop()
+    assert live.proc.returncode == 0, live.err[-2000:]
+    out = "".join(live.out)
     assert "allreduce" in out and "barrier" in out
-    assert not psutil.pid_exists(proc.pid) or proc.poll() is not None
+    assert not psutil.pid_exists(live.proc.pid) or live.proc.poll() is not None

@@ -16,6 +16,7 @@ from neuronabox.schedules.gloo import (
     RingGeometry,
 )
 from neuronabox.schedules.timing import Entry, reference_arrivals, timeline_for
+from neuronabox.whatif import WhatIf, WhatIfError, parse
 
 
 def random_case(rng: random.Random, kind: str):
@@ -83,3 +84,28 @@ def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
             if t in recvs:
                 arrived[t] = tl.arrival(recvs[t], t)
         assert max(arrived.values()) == pytest.approx(sched.rank_time(hop, r), rel=1e-9), (w, r)
+
+
+def test_whatif_specs():
+    w = WhatIf.from_specs(
+        ["latency=+2ms,per=collective,op=allreduce", "latency=1us", "bandwidth=x0.5", "straggler=rank:5,delay=3ms"]
+    )
+    assert w.entry_delay("allreduce") == pytest.approx(2e-3) and w.entry_delay("broadcast") == 0
+    hop = w.hop("broadcast", LinkClass("l", 1e9, 1e-6))
+    assert (hop.bandwidth, hop.latency) == (pytest.approx(5e8), pytest.approx(2e-6))
+    assert w.stragglers("barrier") == {5: pytest.approx(3e-3)}
+    assert parse("latency=0").value == 0 and parse("bandwidth=0.25").value == 0.25
+    jitter = WhatIf.from_specs(["jitter=200us,seed=1"])
+    draws = [jitter.jitter("allreduce") for _ in range(100)]
+    assert all(0 <= d <= 200e-6 for d in draws) and len(set(draws)) > 90
+    assert WhatIf.from_specs(["jitter=200us,seed=1"]).jitter("allreduce") == draws[0]  # the seed repeats it
+    for bad, why in [
+        ("latency=+3", "latency"),
+        ("bandwidth=x0", "positive factor"),
+        ("latency=1ms,per=step", "per is hop or collective"),
+        ("straggler=rank:5", "needs delay"),
+        ("loss=1%", "unknown modifier"),
+        ("latency=1ms,op=alltoall", "op must be one of"),
+    ]:
+        with pytest.raises(WhatIfError, match=why):
+            parse(bad)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
-import re
-import time
+import statistics
 
 import pytest
-from conftest import EXAMPLE, ROOT, nbx, spawn
+from conftest import EXAMPLE, ROOT, Live, nbx
 
 LOOP = str(ROOT / "scripts" / "collective_loop.py")
 SLOW_LAB = """name: slow-lab
@@ -56,42 +55,36 @@ def test_real_rank_tracks_the_model(tmp_path):
     assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] < 1000
 
 
-def allreduce_counters() -> tuple[int, float]:
-    """(count, summed real-rank seconds) of allreduces so far, from `neuronabox status`."""
-    res = nbx("status", check_clean=False)
-    m = re.search(r"allreduce\s+count\s+(\d+).*real-rank time ([0-9.]+) s", res.out)
-    return (int(m.group(1)), float(m.group(2))) if m else (0, 0.0)
+def median_of_next(live: Live, n: int) -> float:
+    """The median of the next `n` allreduce repetitions the real rank reports."""
+    return statistics.median(float(live.wait_line(r"REP allreduce ([0-9.]+)").group(1)) for _ in range(n))
 
 
-def mean_over(seconds: float) -> float:
-    n0, s0 = allreduce_counters()
-    time.sleep(seconds)
-    n1, s1 = allreduce_counters()
-    assert n1 > n0, "no allreduce completed in the window"
-    return (s1 - s0) / (n1 - n0)
+def median_after_change(live: Live, n: int) -> float:
+    """The median of `n` repetitions that all started after a change: the lines queued
+    before it are dropped, and so is the repetition in flight when it landed."""
+    live.drain()
+    median_of_next(live, 2)
+    return median_of_next(live, n)
 
 
 def test_inject_changes_a_live_run():
-    proc, _ = spawn(
+    live = Live(
         "torchrun", "--nnodes", "4", "--delay-model", "zero",
-        LOOP, "--kinds", "allreduce", "--reps", "400000", "--warmup", "0",
+        LOOP, "--kinds", "allreduce", "--reps", "400000", "--warmup", "0", "--announce",
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and allreduce_counters()[0] == 0:
-            time.sleep(0.3)
-        before = mean_over(1.0)
+        before = median_of_next(live, 50)
         bad = nbx("inject", "latency=+3", check_clean=False)
         assert bad.rc == 2 and "latency" in bad.last_error
         ok = nbx("inject", "latency=+4ms,per=collective,op=allreduce", check_clean=False)
         assert ok.rc == 0 and "latency=+4ms" in ok.out, ok.err
-        during = mean_over(1.5)
+        during = median_after_change(live, 30)
         assert nbx("inject", "--clear", check_clean=False).out.strip() == "what-if now: none"
-        after = mean_over(1.0)
+        after = median_after_change(live, 30)
         assert during > before + 3e-3 and after < during - 3e-3, (before, during, after)
     finally:
-        proc.terminate()
-        proc.communicate(timeout=60)
+        live.stop()
 
 
 def test_whatif_sweep_on_the_example(tmp_path):

@@ -44,6 +44,9 @@ def test_units():
     assert parse_bandwidth("900GB/s", "x") == 900e9
     assert parse_latency("1.5us", "x") == pytest.approx(1.5e-6)
     assert parse_latency("2ms", "x") == pytest.approx(2e-3)
+    assert parse_latency("0", "x") == 0.0
+    with pytest.raises(TopologyError, match="expected a latency"):
+        parse_latency("5", "x")
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -20,7 +20,7 @@ from pathlib import Path
 from .model import LinkClass, Topology, TopologyError
 
 _BW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKMGT]?)(b|B)(?:ps|/s)\s*$")
-_LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)\s*$")
+_LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)\s*$|^\s*(0)\s*$")  # zero needs no unit
 _SCALE = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _TIME = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -39,7 +39,7 @@ def parse_latency(text: object, field: str) -> float:
     m = _LAT.match(str(text))
     if not m:
         raise TopologyError(f"{field}: expected a latency such as '2us' or '1.5ms', got {text!r}")
-    return float(m.group(1)) * _TIME[m.group(2)]
+    return 0.0 if m.group(3) else float(m.group(1)) * _TIME[m.group(2)]
 
 
 def _link(spec: object, field: str) -> LinkClass:
