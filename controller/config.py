@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 class ControllerConfig:
     nnodes: int
     nproc_per_node: int
-    real_nodes: list[int]
+    real_nodes: list[int]  # nodes whose ranks all run for real, each under its own torchrun agent
     master_addr: str
     master_port: int
     run_id: str
@@ -25,6 +25,8 @@ class ControllerConfig:
     delay_model: str = "alpha-beta"
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link
     inject: list[str] = field(default_factory=list)  # what-if modifier specs
+    direct_ranks: list[int] = field(default_factory=list)  # real ranks started without an agent
+    data: str = "zeros"  # what emulated ranks contribute: zeros or mirror
     extra: dict = field(default_factory=dict)
 
     @property
@@ -34,7 +36,7 @@ class ControllerConfig:
     @property
     def real_ranks(self) -> list[int]:
         p = self.nproc_per_node
-        return [n * p + i for n in sorted(self.real_nodes) for i in range(p)]
+        return sorted({n * p + i for n in self.real_nodes for i in range(p)} | set(self.direct_ranks))
 
     def node_of(self, rank: int) -> int:
         return rank // self.nproc_per_node

@@ -22,16 +22,21 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
+    RingReduce,
     Schedule,
     SendRef,
+    reduce_geometry,
 )
+from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 
 from .dialects.gloo.protocol import Data, Event, GlooPair, RecvReady, SendReady
 from .dialects.gloo.wire import SlotPrefix, split_slot
+from .p2p import PointToPoint
 from .release import ReleaseTiming
 
 KIND_NAMES = {p.value: p.name.lower() for p in SlotPrefix}
-SUPPORTED = {SlotPrefix.ALLREDUCE, SlotPrefix.ALLGATHER, SlotPrefix.BROADCAST, SlotPrefix.BARRIER}
+SUPPORTED = set(SlotPrefix)
+RING_KINDS = {SlotPrefix.ALLREDUCE: "all_reduce", SlotPrefix.REDUCE: "reduce"}  # flight-recorder names
 
 
 class ProtocolError(Exception):
@@ -44,7 +49,11 @@ class Group:
 
     name: str
     world: int
-    real: RealRanks
+    real: RealRanks  # group ranks
+    ranks: tuple[int, ...] = ()  # global rank of each group rank (empty: the default group)
+
+    def global_rank(self, r: int) -> int:
+        return self.ranks[r] if self.ranks else r
 
 
 @dataclass(eq=False)
@@ -79,7 +88,7 @@ class _PendingSend:
 
     __slots__ = ("conn", "msg", "missing", "content", "release", "timed")
 
-    def __init__(self, conn: Conn, msg: Msg, missing: int, content: SendRef | None) -> None:
+    def __init__(self, conn: Conn, msg: Msg, missing: int, content: SendRef | tuple[SendRef, ...] | None) -> None:
         self.conn = conn
         self.msg = msg  # from the real rank's point of view: peer = the emulated sender
         self.missing = missing
@@ -116,6 +125,7 @@ class Instance:
         self.rank_times: dict[int, list[float]] = {}
         self.timeline = None
         self.predicted = 0.0
+        self.completed = False
 
     # -- geometry --------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
@@ -138,8 +148,14 @@ class Instance:
             sched = self._resolve_broadcast()
         elif self.prefix == SlotPrefix.ALLGATHER:
             sched = self._resolve_allgather()
-        elif self.prefix == SlotPrefix.ALLREDUCE:
-            sched = self._resolve_allreduce()
+        elif self.prefix in RING_KINDS:
+            sched = self._resolve_ring()
+        elif self.prefix in (SlotPrefix.GATHER, SlotPrefix.SCATTER):
+            sched = self._resolve_rooted()
+        elif self.prefix == SlotPrefix.ALLTOALL:
+            conn, ev = self.buffered[0]
+            self.nbytes = ev.length * g.world
+            sched, self.geometry = PairwiseAlltoall(g.world, ev.length), "pairwise"
         if sched is not None:
             self._install(sched)
 
@@ -181,38 +197,58 @@ class Instance:
                     return RingAllgather(self.group.world, block)
         return None
 
-    def _resolve_allreduce(self) -> Schedule | None:
+    def _resolve_rooted(self) -> Schedule:
+        """gather / scatter: a real rank's first frame names the root (the peer it sends
+        to in a gather or receives from in a scatter, else itself)."""
+        conn, ev = self.buffered[0]
+        to_peer = isinstance(ev, SendReady) == (self.prefix == SlotPrefix.GATHER)
+        root = conn.emu if to_peer else conn.real
+        self.nbytes = ev.length * self.group.world
+        self.geometry = f"root={root}"
+        return RootedPairwise(self.kind, self.group.world, root, ev.length)
+
+    def _ring_geometry(self, world: int, total: int, elem: int) -> RingGeometry:
+        if self.prefix == SlotPrefix.REDUCE:
+            return reduce_geometry(world, total, elem)
+        return RingGeometry.for_tensor(world, total, elem)
+
+    def _ring(self, geo: RingGeometry) -> Schedule:
+        return RingReduce(geo) if self.prefix == SlotPrefix.REDUCE else RingAllreduce.of(geo)
+
+    def _resolve_ring(self) -> Schedule | None:
         """Segmentation from the wire when it is certain, else from the observer.
 
         The first notice of each direction is a block-start segment, so its length
         L is a full segment. With L <= 2/3 of the maximum segment the ring has 2W
-        segments, and with L >= 8 bytes x 2W none of them is empty, so only the
-        last segment's length is open and it is read off the wire when it comes.
-        Otherwise the tensor size is not on the wire: the observer is asked.
+        segments (reduce: L under the maximum), and with L >= 8 bytes x 2W none of
+        them is empty, so only the last segment's length is open and it is read off
+        the wire when it comes. Otherwise the tensor size is not on the wire: the
+        observer is asked.
         """
         if self.meta_state == "requested":
             return None  # the observer's answer installs the schedule
         lens = [e.length for evs in self.first_notice.values() for _, e in evs if not isinstance(e, Data)]
         seg = max(lens)
         w = self.group.world
-        certain = seg <= MAX_SEGMENT_BYTES * 2 // 3 and seg >= 8 * 2 * w
+        two_w = seg < MAX_SEGMENT_BYTES if self.prefix == SlotPrefix.REDUCE else seg <= MAX_SEGMENT_BYTES * 2 // 3
+        certain = two_w and seg >= 8 * 2 * w
         if not certain and self.meta_state is None and self.engine.request_meta is not None:
             self.meta_state = "requested"
-            if self.engine.request_meta(self.group.name, self.tag, self.buffered[0][0].real):
+            if self.engine.request_meta(self.group.name, self.slot, self.buffered[0][0].real, RING_KINDS[self.prefix]):
                 return None
             self.meta_state = "unavailable"
-        num = 2 * w if seg <= MAX_SEGMENT_BYTES * 2 // 3 else 3 * w
+        num = 2 * w if two_w else 3 * w
         geo = RingGeometry(w, num * seg, num, seg, last_known=False)
         self.geometry = f"segments={num}x{seg} ({'wire' if certain else 'guessed from the wire'})"
         self.nbytes = geo.total
-        return RingAllreduce.of(geo)
+        return self._ring(geo)
 
     def on_meta(self, numel: int, elem: int) -> None:
-        geo = RingGeometry.for_tensor(self.group.world, numel * elem, elem)
+        geo = self._ring_geometry(self.group.world, numel * elem, elem)
         self.geometry = f"segments={geo.num_segments}x{geo.segment_bytes} (observer)"
         self.nbytes = geo.total
         self.meta_state = "answered"
-        self._install(RingAllreduce.of(geo))
+        self._install(self._ring(geo))
 
     def meta_unavailable(self) -> None:
         self.meta_state = "unavailable"
@@ -225,28 +261,59 @@ class Instance:
         if timing is not None:
             self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.start)
             self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
-        for r in g.real.sorted:
-            for m in sched.sends(r):
-                if m.peer not in g.real:
-                    self.expect_send.setdefault((r, m.peer), deque()).append(m)
-                    self.boundary += 1
-            for m in sched.recvs(r):
-                if m.peer not in g.real:
-                    self.expect_recv.setdefault((r, m.peer), deque()).append(m)
-                    self.boundary += 1
-        self.remaining = self.boundary
-        self._post_receives()
+        self._expect(sched.sends, sched.recvs)
+        if isinstance(sched, RingReduce) and sched.root is None:
+            self.remaining += 1  # the gather to the root, counted once a frame names the root
+        self._post_receives(self.expect_send)
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._dispatch(conn, ev)
-        if self.boundary == 0:  # nothing crosses the boundary (otherwise the last _mark completes it)
+        if self.remaining == 0 and not self.completed:  # nothing crossed (else the last _mark completed it)
             self.engine._complete(self)
 
-    def _post_receives(self) -> None:
+    def _expect(self, sends, recvs) -> dict[tuple[int, int], list[Msg]]:
+        """Queue the boundary messages of every real rank; returns the new receives of
+        emulated ranks (real sends), per pair."""
+        g = self.group
+        new: dict[tuple[int, int], list[Msg]] = {}
+        for r in g.real.sorted:
+            for m in sends(r):
+                if m.peer not in g.real:
+                    self.expect_send.setdefault((r, m.peer), deque()).append(m)
+                    new.setdefault((r, m.peer), []).append(m)
+                    self.boundary += 1
+                    self.remaining += 1
+            for m in recvs(r):
+                if m.peer not in g.real:
+                    self.expect_recv.setdefault((r, m.peer), deque()).append(m)
+                    self.boundary += 1
+                    self.remaining += 1
+        return new
+
+    def _name_root(self, conn: Conn, ev: Event) -> bool:
+        """A reduce's first gather frame names its root: add every real rank's gather."""
+        sched = self.schedule
+        if not isinstance(sched, RingReduce) or sched.root is not None or isinstance(ev, Data):
+            return False
+        self.schedule = sched = sched.with_root(conn.emu if isinstance(ev, SendReady) else conn.real)
+        self.geometry += f" root={sched.root}"
+        new = self._expect(lambda r: sched.gather_msgs(r, False), lambda r: sched.gather_msgs(r, True))
+        self.remaining -= 1
+        self._post_receives(new)
+        return True
+
+    def settle_unrooted(self) -> None:
+        """A reduce whose real ranks had no chunk to send to an emulated root never sees
+        its gather: once the ring is done, a later collective on the group closes it."""
+        if isinstance(self.schedule, RingReduce) and self.schedule.root is None and self.remaining == 1:
+            self.remaining = 0
+            self.engine._complete(self)
+
+    def _post_receives(self, expected) -> None:
         """The emulated receivers post every receive the real ranks will send into, at
         once (zero delay): the real rank's data then flows without a round trip, and the
         notices for one pair leave in a single write."""
-        for (r, e), q in self.expect_send.items():
+        for (r, e), q in expected.items():
             conn = self.engine.conn_of(self.group, r, e)
             if conn is None:  # not connected yet: posted when the pair opens
                 self.engine.unposted.setdefault((self.group.name, r, e), []).append((self, list(q)))
@@ -254,10 +321,21 @@ class Instance:
             self._post(conn, q)
 
     def _post(self, conn: Conn, msgs) -> None:
-        """Post receives for `msgs`; the open-length last ring segment gets a whole segment."""
-        seg = getattr(getattr(self.schedule, "geo", None), "segment_bytes", 0)
+        """Post receives for `msgs`. An open-length ring segment gets a whole segment (a
+        reduce's gather, a whole chunk); a length only the wire tells (gather, scatter,
+        alltoall) is posted when the real rank's send notice tells it."""
         pair = conn.pair
-        self.engine.emit(conn, b"".join(pair.recv_ready(self.slot, m.nbytes if m.nbytes >= 0 else seg) for m in msgs))
+        frames = [pair.recv_ready(self.slot, n) for m in msgs if (n := self._post_len(m)) >= 0]
+        if frames:
+            self.engine.emit(conn, b"".join(frames))
+
+    def _post_len(self, m: Msg) -> int:
+        geo = getattr(self.schedule, "geo", None)
+        if m.nbytes >= 0 or geo is None:
+            return m.nbytes
+        if isinstance(self.schedule, RingReduce) and m.step == self.schedule.gather_step:
+            return geo.per_rank * geo.segment_bytes
+        return geo.segment_bytes
 
     # -- try-receive / try-send ---------------------------------------------------
     def _where(self, conn: Conn, what: str, step: int | None = None) -> str:
@@ -274,9 +352,10 @@ class Instance:
         return self._where(conn, f"unexpected {frame} of {length} bytes: the schedule has no {way} here, {where}")
 
     def _check_len(self, conn: Conn, m: Msg, length: int, verb: str) -> Msg:
-        if m.nbytes < 0:  # the last ring segment, whose length the wire tells
-            if length > self.schedule.geo.segment_bytes:
-                raise ProtocolError(self._where(conn, f"{length} bytes exceed the segment size", m.step))
+        if m.nbytes < 0:  # a length the wire tells (the last ring segment, pairwise messages)
+            limit = self._post_len(m)
+            if 0 <= limit < length:
+                raise ProtocolError(self._where(conn, f"{length} bytes exceed the {limit} posted", m.step))
             return Msg(m.peer, m.step, length)
         if length != m.nbytes:
             raise ProtocolError(
@@ -288,10 +367,15 @@ class Instance:
         key = (conn.real, conn.emu)
         if isinstance(ev, SendReady):
             q = self.expect_send.get(key)
+            if not q and self._name_root(conn, ev):
+                q = self.expect_send.get(key)
             if not q:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_SEND_READY", ev.length, "send"))
-            m = self._check_len(conn, q.popleft(), ev.length, "sends")
-            self.expect_data.setdefault(key, deque()).append(m)  # its receive is already posted
+            posted = q.popleft()
+            m = self._check_len(conn, posted, ev.length, "sends")
+            if self._post_len(posted) < 0:  # its receive waited for this notice
+                self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
+            self.expect_data.setdefault(key, deque()).append(m)
         elif isinstance(ev, Data):
             q = self.expect_data.get(key)
             if not q:
@@ -312,6 +396,8 @@ class Instance:
                     self._flush(p.conn)
         else:  # RecvReady: the real rank posted a receive from the emulated peer
             q = self.expect_recv.get(key)
+            if not q and self._name_root(conn, ev):
+                q = self.expect_recv.get(key)
             if not q:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_RECV_READY", ev.length, "recv"))
             m = self._check_len(conn, q.popleft(), ev.length, "receives")
@@ -349,7 +435,13 @@ class Instance:
 
     def _send(self, p: _PendingSend) -> None:
         n = p.msg.nbytes
-        payload = self.received[p.content] if p.content is not None else bytes(n)
+        c = p.content
+        if c is None:
+            payload = bytes(n)
+        elif isinstance(c[0], tuple):  # several real sends, concatenated (a reduce's chunk)
+            payload = b"".join(self.received[ref] for ref in c)
+        else:
+            payload = self.received[c]
         if len(payload) != n:
             what = f"forwarded {len(payload)} bytes into a {n}-byte receive"
             raise ProtocolError(self._where(p.conn, what, p.msg.step))
@@ -370,7 +462,7 @@ class Engine:
     def __init__(
         self,
         emit: Callable[[Conn, bytes], None],
-        request_meta: Callable[[str, int, int], bool] | None = None,
+        request_meta: Callable[[str, int, int, str], bool] | None = None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
         conn_of: Callable[[Group, int, int], Conn | None] | None = None,
         timing: ReleaseTiming | None = None,
@@ -388,12 +480,19 @@ class Engine:
         self.instances: dict[tuple[str, int], Instance] = {}
         self.records: list[InstanceRecord] = []
         self.boundary_messages = 0
+        self.p2p = PointToPoint(self)
 
     def on_event(self, conn: Conn, ev: Event) -> None:
         key = (conn.group.name, ev.slot)
         inst = self.instances.get(key)
         if inst is None:
             prefix, tag, _ = split_slot(ev.slot)
+            if prefix == 0:  # send/recv: the slot is the user's tag
+                self.p2p.on_event(conn, ev)
+                return
+            for other in list(self.instances.values()):
+                if other.group is conn.group:
+                    other.settle_unrooted()
             if prefix not in SUPPORTED:
                 kind = KIND_NAMES.get(prefix, "unknown")
                 raise ProtocolError(
@@ -419,6 +518,7 @@ class Engine:
             inst.on_meta(numel, elem)
 
     def _complete(self, inst: Instance) -> None:
+        inst.completed = True
         del self.instances[(inst.group.name, inst.slot)]
         self.boundary_messages += inst.boundary
         now = time.monotonic()
@@ -444,4 +544,4 @@ class Engine:
         Read from other threads: list() copies the values in one step under the GIL."""
         return [
             f"{i.name()}: {i.remaining} of {i.boundary} boundary messages left" for i in list(self.instances.values())
-        ]
+        ] + self.p2p.pending_summary()

@@ -33,23 +33,24 @@ from .dialects.gloo.driver import GlooDriver, raise_fd_limit
 from .dialects.gloo.wire import (
     Address,
     RankRecord,
-    SlotPrefix,
     UnsupportedRecord,
     dialer_is_local,
-    make_slot,
+    split_slot,
 )
 from .engine import Conn, Engine, Group, InstanceRecord, ProtocolError
 from .observers import ObserverHub
 from .release import ReleaseTiming
 from .rendezvous import (
     EmulatedAgents,
-    default_group_key,
     emulated_records,
+    group_key,
     open_store,
     publish_records,
+    store_client,
 )
 from .service import ControlService, serve
 
+LAZY_DIAL_ALL = 256  # lazy mode: in groups this small the controller dials every emulated peer up front
 ELEM_SIZES = {
     "Float": 4,
     "Double": 8,
@@ -73,6 +74,7 @@ class Controller:
         self.error = ""
         self.world = cfg.world_size
         self.group = Group("0", self.world, RealRanks(cfg.real_ranks, self.world))
+        self.groups: dict[str, Group] = {"0": self.group}
         self.records: list[InstanceRecord] = []
         self.topology = topology.load(cfg.topology).with_nodes(cfg.nnodes, cfg.nproc_per_node)
         self.timing = ReleaseTiming(
@@ -84,10 +86,11 @@ class Controller:
         self.driver.accept_router = self._route_seq
         self.driver.periodic = self._periodic
         self.driver.on_open = lambda conn: self.driver.engine.on_connected(conn)
-        self.conns: dict[tuple[int, int], Conn] = {}
+        self.conns: dict[tuple[str, int, int], Conn] = {}
         self.hub = ObserverHub(cfg.control_host, self.driver.register_extra, self.driver.unregister_extra)
         self.hub.on_reply = self._on_meta_reply
         self.hub.on_lost = self._observer_lost
+        self.hub.on_group = self._on_group
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.finished = threading.Event()  # the loop has stopped and the state is final
@@ -108,14 +111,15 @@ class Controller:
         )
 
     def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
-        conn = self.conns.get((real, emu))
+        conn = self.conns.get((group.name, real, emu))
         return conn if conn is not None and conn in self.driver.socks else None
 
-    def _request_meta(self, group: str, tag: int, real: int) -> bool:
-        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, "kind": "all_reduce"}):
+    def _request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+        tag = split_slot(slot)[1]
+        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, "kind": kind}):
             return False
         self._qid += 1
-        self._queries[self._qid] = (group, make_slot(SlotPrefix.ALLREDUCE, tag), real)
+        self._queries[self._qid] = (group, slot, real)
         return True
 
     def _observer_lost(self, rank: int) -> None:
@@ -149,20 +153,62 @@ class Controller:
         if self.cfg.lazy:
             return None
         e, r = divmod(seq, self.world)
-        return self.conns.get((r, e))
+        return self.conns.get(("0", r, e))
 
-    def lazy_peers(self, r: int) -> set[int]:
-        """Peers a real rank reaches in the supported schedules; dialed up front in lazy mode."""
-        w = self.world
+    @staticmethod
+    def lazy_peers(group: Group, r: int) -> set[int]:
+        """Peers a real rank reaches, dialed up front in lazy mode: every peer in a group
+        of up to LAZY_DIAL_ALL ranks; in larger ones those of the rings, trees and
+        dissemination rounds (gather, scatter, alltoall and point-to-point traffic with
+        other peers need a smaller group there)."""
+        w = group.world
+        if w <= LAZY_DIAL_ALL:
+            return {p for p in range(w) if p not in group.real}
         peers = {(r + 1) % w, (r - 1) % w}
         barrier = DisseminationBarrier(w)
         peers |= {m.peer for m in barrier.sends(r) + barrier.recvs(r)}
-        for root in set(self.cfg.real_ranks) | {0}:
+        for root in set(group.real.sorted) | {0}:
             b = BinomialBroadcast(w, root, 0)
             peers |= {m.peer for m in b.sends(r) + b.recvs(r)}
-        return {p for p in peers if p not in self.group.real and p != r}
+        return {p for p in peers if p not in group.real and p != r}
 
-    def connect_real_rank(self, r: int, rec: RankRecord) -> None:
+    # -- process groups beyond the default ------------------------------------------------
+    def _on_group(self, name: str, ranks: list[int]) -> None:
+        """A real rank's observer reports a group it joins (loop thread): stand in for its
+        emulated members. Groups with no real member never reach the controller."""
+        if name in self.groups:
+            return
+        real = set(self.cfg.real_ranks)
+        mine = [g for g, x in enumerate(ranks) if x in real]
+        if not mine:
+            return
+        group = self.groups[name] = Group(name, len(ranks), RealRanks(mine, len(ranks)), tuple(ranks))
+        self.log(f"group {name!r}: {len(ranks)} ranks, real members {[ranks[g] for g in mine]}")
+        threading.Thread(target=self._setup_group, args=(group,), name=f"group-{name}", daemon=True).start()
+
+    def _setup_group(self, group: Group) -> None:
+        try:
+            store = store_client(self.cfg)
+            index = len(self.groups)
+            records = emulated_records(self.cfg, self.driver.address, group, seq_base=index * group.world**2)
+            publish_records(store, records, key=lambda g: group_key(group.name, g))
+            self._await_records(store, group)
+        except BaseException as exc:  # noqa: BLE001
+            if self.state != "stopping":
+                self.fail(exc)
+
+    def _await_records(self, store, group: Group) -> None:
+        """Wait for each real member's record and open its pairs in the loop."""
+        for g in group.real.sorted:
+            key = group_key(group.name, g)
+            while not self._store_wait(store, key):  # wakes now and then to see whether the run still goes
+                if not self.driver.running:
+                    return
+            rec = RankRecord.decode(store.get(key), group.world)
+            self.log(f"real rank {group.global_rank(g)} published its record for group {group.name!r}")
+            self.driver.call_soon(lambda g=g, rec=rec: self.connect_real_rank(group, g, rec))
+
+    def connect_real_rank(self, group: Group, r: int, rec: RankRecord) -> None:
         """Runs in the loop: open (or await) the pair between real rank r and every emulated peer."""
         if rec.lazy != self.cfg.lazy:
             raise UnsupportedRecord(
@@ -170,14 +216,14 @@ class Controller:
                 f"the controller was configured for the other one"
             )
         host, port = self.driver.address
-        peers = self.lazy_peers(r) if self.cfg.lazy else [e for e in range(self.world) if e not in self.group.real]
+        peers = self.lazy_peers(group, r) if self.cfg.lazy else [e for e in range(group.world) if e not in group.real]
         for e in sorted(peers):
-            conn = Conn(self.group, r, e)
-            self.conns[(r, e)] = conn
+            conn = Conn(group, r, e)
+            self.conns[(group.name, r, e)] = conn
             if self.cfg.lazy:
                 ours, theirs = Address(host, port, r), Address(rec.address.host, rec.address.port, e)
             else:
-                ours = Address(host, port, e * self.world + r)
+                ours = Address(host, port, e * group.world + r)
                 theirs = Address(rec.address.host, rec.address.port, rec.pair_ids[e])
             if dialer_is_local(ours, theirs):
                 self.driver.dial(conn, theirs.host, theirs.port, theirs.seq)
@@ -195,20 +241,14 @@ class Controller:
             self.store = store = open_store(self.cfg)
             self.log("store open")
             agents = EmulatedAgents(self.cfg, store)
-            publish_records(store, emulated_records(self.cfg, self.driver.address))
+            records = emulated_records(self.cfg, self.driver.address, self.group)
+            publish_records(store, records, key=lambda e: group_key("0", e))
             self.log("emulated rank records published")
             agents.join()
             agents.assign_ranks_if_node0_emulated()
             self.log("emulated agents joined")
             self.state = "running"
-            for r in self.cfg.real_ranks:
-                key = default_group_key(r)
-                while not self._store_wait(store, key):  # wakes now and then to see whether the run still goes
-                    if not self.driver.running:
-                        return
-                rec = RankRecord.decode(store.get(key), self.world)
-                self.log(f"real rank {r} published its record ({'lazy' if rec.lazy else 'full mesh'})")
-                self.driver.call_soon(lambda r=r, rec=rec: self.connect_real_rank(r, rec))
+            self._await_records(store, self.group)
         except BaseException as exc:  # noqa: BLE001
             if self.state != "stopping":
                 self.fail(exc)

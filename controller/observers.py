@@ -25,6 +25,7 @@ class ObserverHub:
         self.steps: list[tuple[int, float]] = []
         self.on_reply: Callable[[dict], None] | None = None
         self.on_lost: Callable[[int], None] | None = None
+        self.on_group: Callable[[str, list[int]], None] | None = None
         register(self.sock, self._accept)
 
     def _accept(self, _mask: int) -> None:
@@ -53,6 +54,9 @@ class ObserverHub:
             if "hello" in msg:
                 self.by_rank[msg["rank"]] = s
                 self._rank_of[s] = msg["rank"]
+            elif "group" in msg:
+                if self.on_group:
+                    self.on_group(msg["group"], msg["ranks"])
             elif "step" in msg:
                 self.steps.append((self._rank_of.get(s, -1), msg["t"]))
             elif "q" in msg and self.on_reply:

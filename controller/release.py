@@ -57,6 +57,16 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         return schedule.rank_time(hop, rank) + self.whatif.entry_delay(kind)
 
+    def message(self, kind: str, src: int, dst: int, nbytes: int) -> float:
+        """One point-to-point message under the model, what-if modifiers included: its
+        path time splits into a latency and a bandwidth that the modifiers scale."""
+        lat = self.model.message_time(src, dst, 0)
+        rest = self.model.message_time(src, dst, nbytes) - lat
+        bw = nbytes / rest if rest > 0 else float("inf")
+        link = self.whatif.hop(kind, LinkClass("message", bw, lat))
+        serial = nbytes / link.bandwidth if nbytes else 0.0
+        return link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
+
     def jitter(self, kind: str) -> float:
         return self.whatif.jitter(kind)
 

@@ -22,9 +22,25 @@ ASSIGNED_RANKS = "torchelastic/assigned_ranks/"
 RECORD_BATCH = 256
 
 
-def default_group_key(rank: int) -> str:
-    """Where ProcessGroupGloo publishes rank `rank` of the default group."""
-    return f"default_pg/0//cpu//0/{rank}"
+def group_key(group: str, rank: int) -> str:
+    """Where ProcessGroupGloo publishes group rank `rank` of `group`: the default group
+    ("0") under the run's prefix, a later group under the default group's store."""
+    if group == "0":
+        return f"default_pg/0//cpu//0/{rank}"
+    return f"default_pg/0//{group}//cpu//0/{rank}"
+
+
+def store_client(cfg: ControllerConfig):
+    """Another connection to the run's store, for a thread of its own."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        cfg.master_addr,
+        cfg.master_port,
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.store_timeout_s),
+    )
 
 
 def open_store(cfg: ControllerConfig):
@@ -122,19 +138,22 @@ class EmulatedAgents:
             self.store.multi_set(keys[i : i + RECORD_BATCH], vals[i : i + RECORD_BATCH])
 
 
-def emulated_records(cfg: ControllerConfig, gloo_addr: tuple[str, int]) -> dict[int, RankRecord]:
-    world = cfg.world_size
-    real = set(cfg.real_ranks)
+def emulated_records(
+    cfg: ControllerConfig, gloo_addr: tuple[str, int], group, seq_base: int = 0
+) -> dict[int, RankRecord]:
+    """The records of `group`'s emulated members (group ranks), all on the controller's listener."""
+    world = group.world
     out = {}
     for e in range(world):
-        if e in real:
+        if e in group.real:
             continue
-        pair_ids = () if cfg.lazy else tuple(e * world + p for p in range(world))
-        out[e] = RankRecord(f"nbx-node{cfg.node_of(e)}", Address(gloo_addr[0], gloo_addr[1], -1), pair_ids)
+        pair_ids = () if cfg.lazy else tuple(seq_base + e * world + p for p in range(world))
+        node = cfg.node_of(group.global_rank(e))
+        out[e] = RankRecord(f"nbx-node{node}", Address(gloo_addr[0], gloo_addr[1], -1), pair_ids)
     return out
 
 
-def publish_records(store, records: dict[int, RankRecord], key=default_group_key) -> None:
+def publish_records(store, records: dict[int, RankRecord], key) -> None:
     items = sorted(records.items())
     for i in range(0, len(items), RECORD_BATCH):
         chunk = items[i : i + RECORD_BATCH]

@@ -9,7 +9,7 @@ from . import FREE, WalksSchedule, path_time
 
 # The rank distances each kind's messages travel: rings talk to a neighbour, trees
 # and dissemination at powers of two.
-_RING = {"allreduce": (-1,), "allgather": (1,)}
+_RING = {"allreduce": (-1,), "reduce": (-1,), "allgather": (1,)}
 
 
 class AlphaBeta(WalksSchedule):

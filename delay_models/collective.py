@@ -9,6 +9,9 @@ collective crosses; n is the message size in bytes, W the world size.
 | allgather | ring | (W-1) alpha + (W-1)/W n/beta (n: the gathered total) |
 | broadcast | binomial tree | ceil(log2 W) (alpha + n/beta) |
 | barrier | dissemination | ceil(log2 W) alpha |
+| reduce | ring reduce-scatter, then chunks to the root | W alpha + 2 (W-1)/W n/beta |
+| gather, scatter | flat: every message posted at once, the root's link serializes | alpha + (W-1)/W n/beta |
+| alltoall | pairwise, every message posted at once | alpha + (W-1)/W n/beta |
 """
 
 from __future__ import annotations
@@ -68,4 +71,8 @@ class CollectiveFormulas:
             return math.ceil(math.log2(w)) * (a + nbytes / b)
         if kind == "barrier":
             return math.ceil(math.log2(w)) * a
+        if kind == "reduce":
+            return w * a + 2 * (w - 1) / w * nbytes / b
+        if kind in ("gather", "scatter", "alltoall"):
+            return a + (w - 1) / w * nbytes / b
         raise ValueError(f"no cost formula for collective kind {kind!r}")

@@ -23,7 +23,7 @@ from neuronabox.controller.config import ControllerConfig
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
-from .torchrun_args import LaunchArgs, UsageError, int_flag, node_list, parse
+from .torchrun_args import LaunchArgs, UsageError, int_flag, node_list, parse, rank_list
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 READY_TIMEOUT_S = 120
@@ -77,13 +77,16 @@ class Run:
         self.args = args
         self.nnodes = int_flag(args, ("--nnodes",), 1)
         self.nproc = int_flag(args, ("--nproc-per-node",), 1)
-        self.real_nodes = node_list(args.ours.get("--real-nodes", "0"), self.nnodes)
+        self.world = self.nnodes * self.nproc
+        self.real_nodes, self.direct_ranks = self._real_ranks(args)
+        self.data = args.ours.get("--data", "zeros")
+        if self.data not in ("zeros", "mirror"):
+            raise UsageError(f"--data is zeros or mirror, got {self.data!r}")
         if args.get("--rdzv-backend") not in (None, "static"):
             raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
         mode = args.ours.get("--gloo-mode", "auto")
         if mode not in ("auto", "full", "lazy"):
             raise UsageError(f"--gloo-mode is auto, full or lazy, got {mode!r}")
-        self.world = self.nnodes * self.nproc
         self.lazy = mode == "lazy" or (mode == "auto" and self.world > LAZY_ABOVE)
         self.master_addr = args.get("--master-addr") or "127.0.0.1"
         self.master_port = int(args.get("--master-port") or free_port(self.master_addr))
@@ -108,7 +111,7 @@ class Run:
             whatif = WhatIf.from_specs(self.inject)
         except WhatIfError as exc:
             raise UsageError(f"--inject {exc}") from None
-        real = {n * self.nproc + i for n in self.real_nodes for i in range(self.nproc)}
+        real = set(self.real_ranks)
         for m in whatif.mods:
             if m.what == "straggler" and (m.rank >= self.nnodes * self.nproc or m.rank in real):
                 raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
@@ -116,6 +119,26 @@ class Run:
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
         self.control_addr = ""
+
+    def _real_ranks(self, args: LaunchArgs) -> tuple[list[int], list[int]]:
+        """(nodes run by a stock torchrun, ranks started directly). Whole nodes get their
+        own torchrun; when the real ranks cover only part of some node, every real rank
+        starts as its own process with the environment torchrun would give it, and the
+        controller plays every agent (it hosts the store)."""
+        if "--real-ranks" in args.ours and "--real-nodes" in args.ours:
+            raise UsageError("give --real-ranks or --real-nodes, not both")
+        if "--real-ranks" not in args.ours:
+            return node_list(args.ours.get("--real-nodes", "0"), self.nnodes), []
+        ranks = rank_list(args.ours["--real-ranks"], self.world)
+        nodes = sorted({r // self.nproc for r in ranks})
+        if len(ranks) == len(nodes) * self.nproc:
+            return nodes, []
+        return [], ranks
+
+    @property
+    def real_ranks(self) -> list[int]:
+        p = self.nproc
+        return sorted({n * p + i for n in self.real_nodes for i in range(p)} | set(self.direct_ranks))
 
     # -- children ----------------------------------------------------------------------
     def start_controller(self) -> dict:
@@ -135,6 +158,8 @@ class Run:
             delay_model=self.delay_model,
             boundary=self.boundary,
             inject=self.inject,
+            direct_ranks=self.direct_ranks,
+            data=self.data,
         )
         (self.dir / "controller.json").write_text(cfg.dumps())
         log = open(self.dir / "controller.log", "w")
@@ -174,8 +199,8 @@ class Run:
     def torchrun_env(self, observer_addr: str) -> dict[str, str]:
         env = dict(os.environ)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        real = [n * self.nproc + i for n in self.real_nodes for i in range(self.nproc)]
-        env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, real))
+        env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, self.real_ranks))
+        env["NEURONABOX_DATA"] = self.data
         env["NEURONABOX_WORLD_SIZE"] = str(self.world)
         if self.lazy:
             env["TORCH_GLOO_LAZY_INIT"] = "1"
@@ -206,6 +231,44 @@ class Run:
                 *self.args.script,
             ]
             self.torchruns.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        for rank in self.direct_ranks:
+            self.torchruns.append(
+                subprocess.Popen(self.direct_command(), env=self.direct_env(env, rank), start_new_session=True)
+            )
+
+    def direct_command(self) -> list[str]:
+        """The worker command torchrun would run: `python script args`, `python -m mod
+        args`, or the program itself with --no-python."""
+        flags = {f for f, _ in self.args.torchrun}
+        if flags & {"--no-python", "--no_python"}:
+            return list(self.args.script)
+        if flags & {"-m", "--module"}:
+            return [sys.executable, "-m", *self.args.script]
+        return [sys.executable, "-u", *self.args.script]
+
+    def direct_env(self, base: dict[str, str], rank: int) -> dict[str, str]:
+        """What torchrun's agent sets for a worker; the store is the controller's."""
+        node, local = divmod(rank, self.nproc)
+        env = dict(base)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(local),
+            GROUP_RANK=str(node),
+            ROLE_RANK=str(rank),
+            ROLE_NAME="default",
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            WORLD_SIZE=str(self.world),
+            GROUP_WORLD_SIZE=str(self.nnodes),
+            ROLE_WORLD_SIZE=str(self.world),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_MAX_RESTARTS="0",
+            TORCHELASTIC_RUN_ID=self.run_id,
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
+        )
+        return env
 
     # -- the run ------------------------------------------------------------------------
     def execute(self) -> int:
@@ -223,8 +286,8 @@ class Run:
             if failed:
                 reply = self.shutdown("a real node failed")
                 if reply is not None and reply.error:
-                    raise LaunchError(f"{reply.error} (the real node's torchrun exited with status {failed[0]})")
-                raise LaunchError(f"the job failed on a real node: torchrun exited with status {failed[0]}")
+                    raise LaunchError(f"{reply.error} (a real node's process exited with status {failed[0]})")
+                raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
             if all(c == 0 for c in codes):
                 break
             time.sleep(0.1)

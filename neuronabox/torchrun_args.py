@@ -6,7 +6,17 @@ from dataclasses import dataclass, field
 
 # torchrun flags that take no value; every other flag takes one.
 TORCHRUN_SWITCHES = {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
-OURS = {"--real-nodes", "--gloo-mode", "--trace", "--gloo-host", "--topology", "--delay-model", "--boundary"}
+OURS = {
+    "--real-nodes",
+    "--real-ranks",
+    "--data",
+    "--gloo-mode",
+    "--trace",
+    "--gloo-host",
+    "--topology",
+    "--delay-model",
+    "--boundary",
+}
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}
 REFUSED = {
@@ -100,3 +110,19 @@ def node_list(raw: str, nnodes: int) -> list[int]:
             f"--real-nodes names node {bad[0]}, outside the emulated world of {nnodes} nodes (0..{nnodes - 1})"
         )
     return nodes
+
+
+def rank_list(raw: str, world: int) -> list[int]:
+    """`--real-ranks 1,5`: any set of ranks of the emulated world."""
+    try:
+        ranks = sorted({int(x) for x in raw.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--real-ranks takes a comma list of ranks, got {raw!r}") from None
+    if not ranks:
+        raise UsageError("--real-ranks names no rank")
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise UsageError(
+            f"--real-ranks names rank {bad[0]}, outside the emulated world of {world} ranks (0..{world - 1})"
+        )
+    return ranks

@@ -29,7 +29,7 @@ class RealSide:
         self.out = deque()  # (conn, bytes) the controller wrote
         self.engine = Engine(
             emit=lambda c, b: self.out.append((c, b)),
-            request_meta=(lambda g, t, r: True) if meta else None,
+            request_meta=(lambda g, slot, r, kind: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
         self.meta = meta
@@ -178,6 +178,6 @@ def test_a_wrong_length_names_the_collective_the_pair_and_the_step():
 
 
 def test_an_unknown_collective_names_its_slot_prefix_and_group():
-    side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(SlotPrefix.ALLTOALL, 2))
-    with pytest.raises(ProtocolError, match=r"slot prefix 8 \(alltoall\) #2 on group '0'"):
+    side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(9, 2))
+    with pytest.raises(ProtocolError, match=r"slot prefix 9 \(unknown\) #2 on group '0'"):
         side.feed(0, 1, side.mirror[(0, 1)].recv_ready(side.slot, 8))

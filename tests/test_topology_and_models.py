@@ -18,9 +18,12 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
+    RingReduce,
+    reduce_geometry,
 )
+from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 
-KINDS = ("allreduce", "allgather", "broadcast", "barrier")
+KINDS = ("allreduce", "allgather", "broadcast", "barrier", "reduce", "gather", "scatter", "alltoall")
 
 
 def schedule(kind: str, nbytes: int, world: int):
@@ -31,6 +34,12 @@ def schedule(kind: str, nbytes: int, world: int):
         return RingAllgather(world, nbytes // world)
     if kind == "broadcast":
         return BinomialBroadcast(world, 0, nbytes)
+    if kind == "reduce":
+        return RingReduce(reduce_geometry(world, nbytes, 1), root=0)
+    if kind in ("gather", "scatter"):
+        return RootedPairwise(kind, world, 0, nbytes // world)
+    if kind == "alltoall":
+        return PairwiseAlltoall(world, nbytes // world)
     return DisseminationBarrier(world)
 
 

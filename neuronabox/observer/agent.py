@@ -2,32 +2,78 @@
 
 It tells the controller what the wire does not carry: the element count and
 dtype of a collective (read from PyTorch's flight recorder, which
-ProcessGroupGloo fills when TORCH_FR_BUFFER_SIZE is set) and the times of
-optimizer steps. It never edits the user's script; without it the emulation
-still runs.
+ProcessGroupGloo fills when TORCH_FR_BUFFER_SIZE is set), the members of each
+process group the script creates (so the controller can stand in for the
+emulated members), and the times of optimizer steps. It never edits the user's
+script; without it the emulation still runs, on the default group only.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import json
 import os
 import socket
+import sys
 import threading
 import time
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
+_early: list[bytes] = []  # messages from before the link is up
 
 
 def _send(msg: dict) -> None:
-    if _sock is None:
-        return
     data = json.dumps(msg).encode() + b"\n"
     with _lock:
+        if _sock is None:
+            _early.append(data)
+            return
         try:
             _sock.sendall(data)
         except OSError:
             pass
+
+
+C10D = "torch.distributed.distributed_c10d"
+
+
+class _ReportGroups(importlib.abc.MetaPathFinder):
+    """Wraps c10d's `_new_process_group_helper` as the module loads: every group this
+    rank joins is reported (name, global ranks in group order) before its backend
+    publishes a record and waits for the other members' records."""
+
+    def find_spec(self, name, path, target=None):
+        if name != C10D:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
+def _wrap(c10d) -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _ReportGroups)]
+    helper = c10d._new_process_group_helper
+
+    def reporting_helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *a, **k):
+        if str(group_name) != "0" and int(os.environ["RANK"]) in global_ranks_in_group:  # a member
+            _send({"group": str(group_name), "ranks": [int(r) for r in global_ranks_in_group]})
+        return helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *a, **k)
+
+    c10d._new_process_group_helper = reporting_helper
 
 
 def _lookup(query: dict) -> dict:
@@ -54,8 +100,11 @@ def _serve(host: str, port: int) -> None:
     global _sock
     s = socket.create_connection((host, port), timeout=30)
     s.settimeout(None)
-    _sock = s
-    _send({"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid()})
+    hello = json.dumps({"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid()}).encode() + b"\n"
+    with _lock:
+        s.sendall(hello + b"".join(_early))
+        _early.clear()
+        _sock = s
     threading.Thread(target=_hook_steps, name="neuronabox-steps", daemon=True).start()
     buf = b""
     while True:
@@ -87,5 +136,9 @@ def _hook_steps() -> None:
 
 
 def start() -> None:
+    if C10D in sys.modules:
+        _wrap(sys.modules[C10D])
+    else:
+        sys.meta_path.insert(0, _ReportGroups())
     host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
     threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()

@@ -75,8 +75,11 @@ class Schedule(Protocol):
 
     def recvs(self, rank: int) -> Sequence[Msg]: ...
 
-    def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
-        """For emulated `rank`'s send at `step`: (real sends it waits for, real send whose bytes it carries)."""
+    def origin(
+        self, rank: int, step: int, real: RealRanks
+    ) -> tuple[list[SendRef], SendRef | tuple[SendRef, ...] | None]:
+        """For emulated `rank`'s send at `step`: (real sends it waits for, real send(s) whose
+        bytes it carries, concatenated; None: zeros)."""
         ...
 
     def free_time(self, hop: Link) -> float:
@@ -203,6 +206,95 @@ class RingAllreduce:
         small tensor in a large world) is done before the instance is."""
         recvs = self.recvs(rank)
         return (recvs[-1].step // 2 + 1) * self.pace(hop) if recvs else 0.0
+
+
+# ---------------------------------------------------------------------------
+# reduce: the same leftward ring, one phase longer, then every chunk to the root
+# ---------------------------------------------------------------------------
+def reduce_geometry(world: int, total: int, elem: int, max_segment: int = MAX_SEGMENT_BYTES) -> RingGeometry:
+    """gloo::reduce sizes its segments from the tensor first (at most half a rank's
+    share), then counts them (at least 2W, a multiple of W)."""
+    max_seg = elem * max(1, max_segment // elem)
+    seg = round_up(min((total + 2 * world - 1) // (2 * world), max_seg), elem)
+    num = round_up(max((total + seg - 1) // seg, 2 * world), world)
+    return RingGeometry(world, total, num, seg)
+
+
+class RingReduce(RingAllreduce):
+    """gloo::reduce: iterations i < numSegments-2 move segments leftward exactly like
+    allreduce's reduce-scatter (rank x sends to x-1 what it received per_rank steps
+    before, plus its own), so chunk c is complete on rank c; then, at step `gather_step`,
+    every rank but the root sends its chunk (per_rank segments) to the root.
+
+    The root is not on the wire until the gather: `root=None` leaves the gather out,
+    and `with_root` adds it once a real rank's first gather frame names it.
+    """
+
+    kind = "reduce"
+
+    def __init__(self, geo: RingGeometry, root: int | None = None) -> None:
+        super().__init__(geo)
+        self.root = root
+        self.gather_step = geo.num_segments - 2
+
+    def with_root(self, root: int) -> RingReduce:
+        return RingReduce(self.geo, root)
+
+    def _seg(self, rank: int, t: int, recv: bool) -> int:
+        g = self.geo
+        return ((rank + (2 if recv else 1)) * g.per_rank + t) % g.num_segments
+
+    def chunk_len(self, rank: int) -> int:
+        g = self.geo
+        if not g.last_known and rank == g.world - 1:
+            return -1
+        chunk = g.per_rank * g.segment_bytes
+        return max(0, min(chunk, g.total - rank * chunk))
+
+    def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
+        g = self.geo
+        peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
+        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(self.gather_step))
+        return tuple(Msg(peer, t, n) for t, n in steps if n != 0)
+
+    def gather_msgs(self, rank: int, recv: bool) -> list[Msg]:
+        if self.root is None:
+            return []
+        if recv:
+            if rank != self.root:
+                return []
+            return [Msg(j, self.gather_step, n) for j in range(self.world) if j != rank and (n := self.chunk_len(j))]
+        n = self.chunk_len(rank)
+        return [Msg(self.root, self.gather_step, n)] if rank != self.root and n else []
+
+    def sends(self, rank: int) -> Sequence[Msg]:
+        return self._msgs(rank, recv=False) + tuple(self.gather_msgs(rank, recv=False))
+
+    def recvs(self, rank: int) -> Sequence[Msg]:
+        return self._msgs(rank, recv=True) + tuple(self.gather_msgs(rank, recv=True))
+
+    def origin(
+        self, rank: int, step: int, real: RealRanks
+    ) -> tuple[list[SendRef], SendRef | tuple[SendRef, ...] | None]:
+        if step != self.gather_step:
+            return super().origin(rank, step, real)
+        # The chunk `rank` holds complete is what the nearest real rank upstream sent of
+        # it (emulated ranks add zeros): x's sends of phase k, chunk rank = x + 1 + k.
+        x, _ = real.above(rank)
+        k = (rank - x - 1) % self.world
+        if k > self.world - 2:
+            return [], None
+        spr = self.geo.per_rank
+        refs = tuple((x, t) for t in range(k * spr, (k + 1) * spr) if self._has_send(x, t))
+        return list(refs), refs or None
+
+    def free_time(self, hop: Link) -> float:
+        """The ring, then W-1 chunks into the root's link."""
+        chunk = self.geo.per_rank * self.geo.segment_bytes
+        return self.gather_step / 2 * self.pace(hop) + hop.latency + (self.world - 1) * chunk / hop.bandwidth
+
+    def rank_time(self, hop: Link, rank: int) -> float:
+        return self.free_time(hop)
 
 
 # ---------------------------------------------------------------------------

@@ -244,7 +244,26 @@ class BarrierTimeline(Timeline):
         return self.a
 
 
+# ---------------------------------------------------------------------------------
+# one message per pair (gather, scatter, alltoall, point-to-point): nothing to wait for
+# ---------------------------------------------------------------------------------
+class LagTimeline(Timeline):
+    """An emulated rank's message depends on no other rank: it arrives `lag` after the
+    sender entered (its place in the sender's or the root's queue on the link)."""
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        pass
+
+    def arrival(self, emu: int, step: int) -> float:
+        return self.entry.of(emu) + self.schedule.lag(emu, step, self.hop)
+
+    def boundary_cost(self, emu: int, step: int) -> float:
+        return self.hop.latency
+
+
 def timeline_for(schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True) -> Timeline:
+    if hasattr(schedule, "lag"):
+        return LagTimeline(schedule, hop, entry, real, modeled)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         return RingTimeline(schedule, hop, entry, real, modeled)
     if isinstance(schedule, BinomialBroadcast):
