@@ -36,6 +36,8 @@ from .release import ReleaseTiming
 
 KIND_NAMES = {p.value: p.name.lower() for p in SlotPrefix}
 SUPPORTED = set(SlotPrefix)
+ROOT_CANDIDATES_CHECKED = 64  # broadcast roots weighed against silent real ranks (more: the lowest is taken)
+ROOT_GRACE_S = 0.02  # how long an ambiguous broadcast root waits for a silent real rank to speak
 RING_KINDS = {SlotPrefix.ALLREDUCE: "all_reduce", SlotPrefix.REDUCE: "reduce"}  # flight-recorder names
 
 
@@ -180,10 +182,33 @@ class Instance:
             if cands is not None:
                 raise ProtocolError(f"{self.name()}: no broadcast root fits the real ranks' frames")
             return None
+        silent = [r for r in self.group.real.sorted if r not in self.first_notice]
+        if len(cands) > 1 and silent and len(cands) <= ROOT_CANDIDATES_CHECKED:
+            # A real rank that has not spoken may have no boundary message under the true
+            # root: keep the roots under which every silent real rank stays silent, and
+            # take one only after a grace period in which no other frame came.
+            fits = {c for c in cands if not any(self._talks(BinomialBroadcast(w, c, nbytes), r) for r in silent)}
+            if not fits:
+                return None
+            if self.engine.call_at is not None and self.meta_state != "grace over":
+                if self.meta_state != "grace":
+                    self.meta_state = "grace"
+                    self.engine.call_at(time.monotonic() + ROOT_GRACE_S, self._grace_over)
+                return None
+            cands = fits
         root = 0 if 0 in cands else min(cands)
         self.geometry = f"root={root}" + ("" if len(cands) == 1 else " (inferred)")
         self.nbytes = nbytes
         return BinomialBroadcast(w, root, nbytes)
+
+    def _talks(self, sched: Schedule, r: int) -> bool:
+        real = self.group.real
+        return any(m.peer not in real for m in sched.sends(r)) or any(m.peer not in real for m in sched.recvs(r))
+
+    def _grace_over(self) -> None:
+        if self.schedule is None and not self.completed:
+            self.meta_state = "grace over"
+            self._try_resolve()
 
     def _resolve_allgather(self) -> Schedule | None:
         for evs in self.first_notice.values():
@@ -234,7 +259,8 @@ class Instance:
         certain = two_w and seg >= 8 * 2 * w
         if not certain and self.meta_state is None and self.engine.request_meta is not None:
             self.meta_state = "requested"
-            if self.engine.request_meta(self.group.name, self.slot, self.buffered[0][0].real, RING_KINDS[self.prefix]):
+            asked = self.group.global_rank(self.buffered[0][0].real)  # the observer knows global ranks
+            if self.engine.request_meta(self.group.name, self.slot, asked, RING_KINDS[self.prefix]):
                 return None
             self.meta_state = "unavailable"
         num = 2 * w if two_w else 3 * w

@@ -80,8 +80,13 @@ class Run:
         self.world = self.nnodes * self.nproc
         self.real_nodes, self.direct_ranks = self._real_ranks(args)
         self.data = args.ours.get("--data", "zeros")
-        if self.data not in ("zeros", "mirror"):
-            raise UsageError(f"--data is zeros or mirror, got {self.data!r}")
+        if self.data == "mirror":
+            raise UsageError(
+                "--data mirror is not available yet: it needs each real rank's input bytes, "
+                "which DDP's C++ reducer hands Gloo without passing any Python hook; use --data zeros"
+            )
+        if self.data != "zeros":
+            raise UsageError(f"--data is zeros (mirror is planned), got {self.data!r}")
         if args.get("--rdzv-backend") not in (None, "static"):
             raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
         mode = args.ours.get("--gloo-mode", "auto")

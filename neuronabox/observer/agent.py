@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import json
+import math
 import os
 import socket
 import sys
@@ -84,15 +85,14 @@ def _lookup(query: dict) -> dict:
     dump = pickle.loads(c10d._dump_fr_trace(True, False, False))
     want = f"gloo:{query['kind']}"
     for entry in reversed(dump.get("entries", [])):
-        if entry.get("profiling_name") != want or entry["process_group"][0] != query["pg"]:
+        name = entry.get("profiling_name", "")
+        if not name.startswith(want) or entry["process_group"][0] != query["pg"]:
             continue
         # ProcessGroupGloo's tag counts from 0, the recorder's sequence ids from 1.
         if entry["collective_seq_id"] == query["tag"] + 1:
-            sizes, dtypes = entry["input_sizes"], entry["input_dtypes"]
-            numel = 1
-            for d in sizes[0]:
-                numel *= d
-            return {"q": query["q"], "numel": numel, "dtype": dtypes[0]}
+            # A coalesced call flattens its tensors (one dtype) into one buffer.
+            numel = sum(math.prod(size) for size in entry["input_sizes"])
+            return {"q": query["q"], "numel": numel, "dtype": entry["input_dtypes"][0]}
     return {"q": query["q"], "numel": None}
 
 
