@@ -331,7 +331,10 @@ class Instance:
     def settle_unrooted(self) -> None:
         """A reduce whose real ranks had no chunk to send to an emulated root never sees
         its gather: once the ring is done, a later collective on the group closes it."""
-        if isinstance(self.schedule, RingReduce) and self.schedule.root is None and self.remaining == 1:
+        sched = self.schedule
+        if not isinstance(sched, RingReduce) or sched.root is not None or self.remaining != 1:
+            return
+        if all(sched.chunk_len(r) == 0 for r in self.group.real.sorted):  # else their gather frames will come
             self.remaining = 0
             self.engine._complete(self)
 

@@ -17,9 +17,8 @@ EVERY = str(SCRIPTS / "every_collective.py")
         (32, 1, "0", []),
         (32, 1, "0,1", []),
         # Ranks 1 and 5 of 2-rank nodes (started without torchrun), and of 1-rank nodes.
-        # reduce is left out here: with non-adjacent real ranks it still fails (README).
-        (4, 2, "1,5", ["--no-reduce"]),
-        (7, 1, "1,5", ["--no-reduce"]),
+        (4, 2, "1,5", []),
+        (7, 1, "1,5", []),
     ],
 )
 def test_every_collective_gets_the_zero_policy_values(run, nnodes, nproc, real, extra):
