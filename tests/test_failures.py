@@ -45,10 +45,11 @@ def test_a_frame_that_does_not_match_the_collective(run):
     assert "allreduce #0 of group '0'" in err and "rank pair 0<->1" in err and "step" in err
 
 
-def test_a_collective_the_dialect_does_not_know(run):
+def test_alltoall_is_carried_now(run):
+    """alltoall once ended the run as unknown; the dialect carries it (an unknown slot
+    prefix, which stock torch cannot produce, is covered in test_engine)."""
     res = run("torchrun", "--nnodes", "3", COLLECTIVES, "--sizes", "8", "--dtypes", "float32", "--alltoall")
-    assert res.rc == 1
-    assert "slot prefix 8 (alltoall)" in res.last_error and "group '0'" in res.last_error
+    assert res.rc == 0, res.err[-2000:]
 
 
 def test_a_real_rank_that_crashes_mid_run(run):
