@@ -6,6 +6,11 @@ import json
 from dataclasses import asdict, dataclass, field
 
 
+def real_ranks_of(real_nodes: list[int], nproc: int, direct: list[int]) -> list[int]:
+    """Every rank of the whole real nodes, plus the real ranks started without an agent."""
+    return sorted({n * nproc + i for n in real_nodes for i in range(nproc)} | set(direct))
+
+
 @dataclass
 class ControllerConfig:
     nnodes: int
@@ -26,7 +31,6 @@ class ControllerConfig:
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link
     inject: list[str] = field(default_factory=list)  # what-if modifier specs
     direct_ranks: list[int] = field(default_factory=list)  # real ranks started without an agent
-    data: str = "zeros"  # what emulated ranks contribute: zeros or mirror
     extra: dict = field(default_factory=dict)
 
     @property
@@ -35,8 +39,7 @@ class ControllerConfig:
 
     @property
     def real_ranks(self) -> list[int]:
-        p = self.nproc_per_node
-        return sorted({n * p + i for n in self.real_nodes for i in range(p)} | set(self.direct_ranks))
+        return real_ranks_of(self.real_nodes, self.nproc_per_node, self.direct_ranks)
 
     def node_of(self, rank: int) -> int:
         return rank // self.nproc_per_node

@@ -31,6 +31,7 @@ from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 
 from .dialects.gloo.protocol import Data, Event, GlooPair, RecvReady, SendReady
 from .dialects.gloo.wire import SlotPrefix, split_slot
+from .outcomes import InstanceRecord, ProtocolError
 from .p2p import PointToPoint
 from .release import ReleaseTiming
 
@@ -39,10 +40,6 @@ SUPPORTED = set(SlotPrefix)
 ROOT_CANDIDATES_CHECKED = 64  # broadcast roots weighed against silent real ranks (more: the lowest is taken)
 ROOT_GRACE_S = 0.02  # how long an ambiguous broadcast root waits for a silent real rank to speak
 RING_KINDS = {SlotPrefix.ALLREDUCE: "all_reduce", SlotPrefix.REDUCE: "reduce"}  # flight-recorder names
-
-
-class ProtocolError(Exception):
-    """A frame that does not match what the collective's schedule expects."""
 
 
 @dataclass
@@ -66,23 +63,6 @@ class Conn:
     real: int
     emu: int
     pair: GlooPair = field(default_factory=GlooPair)
-
-
-@dataclass
-class InstanceRecord:
-    """What the trace keeps of one collective instance."""
-
-    group: str
-    tag: int
-    kind: str
-    nbytes: int
-    boundary_messages: int
-    start: float
-    end: float
-    per_rank: dict[int, tuple[float, float]]
-    geometry: str
-    loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
-    predicted: float = 0.0  # the delay model's time for the instance on the first real rank
 
 
 class _PendingSend:
@@ -113,7 +93,8 @@ class Instance:
         self.geometry = ""
         self.nbytes = 0
         self.buffered: list[tuple[Conn, Event]] = []
-        self.meta_state: str | None = None
+        self.meta_state: str | None = None  # an allreduce/reduce's question to the observer
+        self.root_grace: str | None = None  # an ambiguous broadcast root's wait for silent real ranks
         self.first_notice: dict[int, list[tuple[Conn, Event]]] = {}
         self.expect_send: dict[tuple[int, int], deque[Msg]] = {}
         self.expect_data: dict[tuple[int, int], deque[Msg]] = {}
@@ -190,9 +171,9 @@ class Instance:
             fits = {c for c in cands if not any(self._talks(BinomialBroadcast(w, c, nbytes), r) for r in silent)}
             if not fits:
                 return None
-            if self.engine.call_at is not None and self.meta_state != "grace over":
-                if self.meta_state != "grace":
-                    self.meta_state = "grace"
+            if self.engine.call_at is not None and self.root_grace != "over":
+                if self.root_grace is None:
+                    self.root_grace = "running"
                     self.engine.call_at(time.monotonic() + ROOT_GRACE_S, self._grace_over)
                 return None
             cands = fits
@@ -207,7 +188,7 @@ class Instance:
 
     def _grace_over(self) -> None:
         if self.schedule is None and not self.completed:
-            self.meta_state = "grace over"
+            self.root_grace = "over"
             self._try_resolve()
 
     def _resolve_allgather(self) -> Schedule | None:
@@ -402,7 +383,7 @@ class Instance:
                 raise ProtocolError(self._unexpected(conn, "NOTIFY_SEND_READY", ev.length, "send"))
             posted = q.popleft()
             m = self._check_len(conn, posted, ev.length, "sends")
-            if self._post_len(posted) < 0:  # its receive waited for this notice
+            if posted.nbytes < 0 and self._post_len(posted) < 0:  # its receive waited for this notice
                 self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
             self.expect_data.setdefault(key, deque()).append(m)
         elif isinstance(ev, Data):
@@ -549,21 +530,26 @@ class Engine:
     def _complete(self, inst: Instance) -> None:
         inst.completed = True
         del self.instances[(inst.group.name, inst.slot)]
-        self.boundary_messages += inst.boundary
         now = time.monotonic()
-        rec = InstanceRecord(
-            inst.group.name,
-            inst.tag,
-            inst.kind,
-            inst.nbytes,
-            inst.boundary,
-            inst.start,
-            now,
-            {r: (a, b) for r, (a, b) in inst.rank_times.items()},
-            inst.geometry,
-            time.thread_time(),
-            inst.predicted,
+        self.publish(
+            InstanceRecord(
+                inst.group.name,
+                inst.tag,
+                inst.kind,
+                inst.nbytes,
+                inst.boundary,
+                inst.start,
+                now,
+                {r: (a, b) for r, (a, b) in inst.rank_times.items()},
+                inst.geometry,
+                time.thread_time(),
+                inst.predicted,
+            )
         )
+
+    def publish(self, rec: InstanceRecord) -> None:
+        """A finished instance (or point-to-point message) goes to the counters and the trace."""
+        self.boundary_messages += rec.boundary_messages
         self.records.append(rec)
         if self.on_complete:
             self.on_complete(rec)

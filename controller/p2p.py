@@ -15,6 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .dialects.gloo.protocol import Data, Event, RecvReady, SendReady
+from .outcomes import InstanceRecord, ProtocolError
 
 if TYPE_CHECKING:
     from .engine import Conn, Engine
@@ -33,7 +34,8 @@ class PointToPoint:
         elif isinstance(ev, Data):
             q = self.pending.get((conn, ev.slot))
             if not q:
-                raise_error(conn, ev.slot, "data without a send notice")
+                where = f"point-to-point tag {ev.slot} of group {conn.group.name!r} rank pair {conn.real}<->{conn.emu}"
+                raise ProtocolError(f"{where}: data without a send notice")
             n, start = q.popleft()
             self._record("send", conn, ev.slot, n, start, 0.0)
         elif isinstance(ev, RecvReady):
@@ -59,19 +61,12 @@ class PointToPoint:
         self._record("recv", conn, slot, n, posted, predicted)
 
     def _record(self, kind: str, conn: Conn, slot: int, n: int, start: float, predicted: float) -> None:
-        from .engine import InstanceRecord
-
-        eng = self.engine
         end = time.monotonic()
         src, dst = (conn.real, conn.emu) if kind == "send" else (conn.emu, conn.real)
-        eng.boundary_messages += 1
-        rec = InstanceRecord(
+        self.engine.publish(InstanceRecord(
             conn.group.name, slot, kind, n, 1, start, end, {conn.real: (start, end)},
             f"{src}->{dst}", time.thread_time(), predicted,
-        )  # fmt: skip
-        eng.records.append(rec)
-        if eng.on_complete:
-            eng.on_complete(rec)
+        ))  # fmt: skip
 
     def pending_summary(self) -> list[str]:
         return [
@@ -79,11 +74,3 @@ class PointToPoint:
             for (c, slot), q in list(self.pending.items())
             if q
         ]
-
-
-def raise_error(conn: Conn, slot: int, what: str) -> None:
-    from .engine import ProtocolError
-
-    raise ProtocolError(
-        f"point-to-point tag {slot} of group {conn.group.name!r} rank pair {conn.real}<->{conn.emu}: {what}"
-    )

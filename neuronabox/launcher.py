@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from neuronabox import delay_models, topology
-from neuronabox.controller.config import ControllerConfig
+from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
-from .torchrun_args import LaunchArgs, UsageError, int_flag, node_list, parse, rank_list
+from .torchrun_args import LaunchArgs, UsageError, index_list, int_flag, parse
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 READY_TIMEOUT_S = 120
@@ -79,14 +79,14 @@ class Run:
         self.nproc = int_flag(args, ("--nproc-per-node",), 1)
         self.world = self.nnodes * self.nproc
         self.real_nodes, self.direct_ranks = self._real_ranks(args)
-        self.data = args.ours.get("--data", "zeros")
-        if self.data == "mirror":
+        data = args.ours.get("--data", "zeros")
+        if data == "mirror":
             raise UsageError(
                 "--data mirror is not available yet: it needs each real rank's input bytes, "
                 "which DDP's C++ reducer hands Gloo without passing any Python hook; use --data zeros"
             )
-        if self.data != "zeros":
-            raise UsageError(f"--data is zeros (mirror is planned), got {self.data!r}")
+        if data != "zeros":
+            raise UsageError(f"--data is zeros (mirror is planned), got {data!r}")
         if args.get("--rdzv-backend") not in (None, "static"):
             raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
         mode = args.ours.get("--gloo-mode", "auto")
@@ -133,8 +133,8 @@ class Run:
         if "--real-ranks" in args.ours and "--real-nodes" in args.ours:
             raise UsageError("give --real-ranks or --real-nodes, not both")
         if "--real-ranks" not in args.ours:
-            return node_list(args.ours.get("--real-nodes", "0"), self.nnodes), []
-        ranks = rank_list(args.ours["--real-ranks"], self.world)
+            return index_list("--real-nodes", args.ours.get("--real-nodes", "0"), self.nnodes, "node"), []
+        ranks = index_list("--real-ranks", args.ours["--real-ranks"], self.world, "rank")
         nodes = sorted({r // self.nproc for r in ranks})
         if len(ranks) == len(nodes) * self.nproc:
             return nodes, []
@@ -142,8 +142,7 @@ class Run:
 
     @property
     def real_ranks(self) -> list[int]:
-        p = self.nproc
-        return sorted({n * p + i for n in self.real_nodes for i in range(p)} | set(self.direct_ranks))
+        return real_ranks_of(self.real_nodes, self.nproc, self.direct_ranks)
 
     # -- children ----------------------------------------------------------------------
     def start_controller(self) -> dict:
@@ -164,7 +163,6 @@ class Run:
             boundary=self.boundary,
             inject=self.inject,
             direct_ranks=self.direct_ranks,
-            data=self.data,
         )
         (self.dir / "controller.json").write_text(cfg.dumps())
         log = open(self.dir / "controller.log", "w")
@@ -205,7 +203,6 @@ class Run:
         env = dict(os.environ)
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, self.real_ranks))
-        env["NEURONABOX_DATA"] = self.data
         env["NEURONABOX_WORLD_SIZE"] = str(self.world)
         if self.lazy:
             env["TORCH_GLOO_LAZY_INIT"] = "1"

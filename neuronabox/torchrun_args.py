@@ -97,32 +97,17 @@ def int_flag(args: LaunchArgs, names: tuple[str, ...], default: int) -> int:
     return value
 
 
-def node_list(raw: str, nnodes: int) -> list[int]:
+def index_list(flag: str, raw: str, count: int, noun: str) -> list[int]:
+    """A comma list of indices below `count` (`--real-nodes 0,2`, `--real-ranks 1,5`)."""
     try:
-        nodes = sorted({int(x) for x in raw.split(",") if x.strip()})
+        out = sorted({int(x) for x in raw.split(",") if x.strip()})
     except ValueError:
-        raise UsageError(f"--real-nodes takes a comma list of node indices, got {raw!r}") from None
-    if not nodes:
-        raise UsageError("--real-nodes names no node")
-    bad = [n for n in nodes if not 0 <= n < nnodes]
+        raise UsageError(f"{flag} takes a comma list of {noun} indices, got {raw!r}") from None
+    if not out:
+        raise UsageError(f"{flag} names no {noun}")
+    bad = [i for i in out if not 0 <= i < count]
     if bad:
         raise UsageError(
-            f"--real-nodes names node {bad[0]}, outside the emulated world of {nnodes} nodes (0..{nnodes - 1})"
+            f"{flag} names {noun} {bad[0]}, outside the emulated world of {count} {noun}s (0..{count - 1})"
         )
-    return nodes
-
-
-def rank_list(raw: str, world: int) -> list[int]:
-    """`--real-ranks 1,5`: any set of ranks of the emulated world."""
-    try:
-        ranks = sorted({int(x) for x in raw.split(",") if x.strip()})
-    except ValueError:
-        raise UsageError(f"--real-ranks takes a comma list of ranks, got {raw!r}") from None
-    if not ranks:
-        raise UsageError("--real-ranks names no rank")
-    bad = [r for r in ranks if not 0 <= r < world]
-    if bad:
-        raise UsageError(
-            f"--real-ranks names rank {bad[0]}, outside the emulated world of {world} ranks (0..{world - 1})"
-        )
-    return ranks
+    return out

@@ -1,0 +1,27 @@
+"""What the engine and the point-to-point handler report: finished instances and
+protocol errors (one module below both, so neither imports the other for them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ProtocolError(Exception):
+    """A frame that does not match what the collective's schedule expects."""
+
+
+@dataclass
+class InstanceRecord:
+    """What the trace keeps of one collective instance."""
+
+    group: str
+    tag: int
+    kind: str
+    nbytes: int
+    boundary_messages: int
+    start: float
+    end: float
+    per_rank: dict[int, tuple[float, float]]
+    geometry: str
+    loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
+    predicted: float = 0.0  # the delay model's time for the instance on the first real rank
