@@ -165,26 +165,30 @@ class Instance:
             return None
         silent = [r for r in self.group.real.sorted if r not in self.first_notice]
         if len(cands) > 1 and silent and len(cands) <= ROOT_CANDIDATES_CHECKED:
-            # A real rank that has not spoken may have no boundary message under the true
-            # root: keep the roots under which every silent real rank stays silent, and
-            # take one only after a grace period in which no other frame came.
-            fits = {c for c in cands if not any(self._talks(BinomialBroadcast(w, c, nbytes), r) for r in silent)}
-            if not fits:
-                return None
+            # A real rank that has not spoken either has not entered yet, or, under the
+            # true root, does not speak on entry (it waits on a real parent, or has no
+            # boundary message). After a grace period in which no other frame came, keep
+            # the roots under which every silent real rank is of the second kind.
             if self.engine.call_at is not None and self.root_grace != "over":
                 if self.root_grace is None:
                     self.root_grace = "running"
                     self.engine.call_at(time.monotonic() + ROOT_GRACE_S, self._grace_over)
                 return None
-            cands = fits
+            sched = {c: BinomialBroadcast(w, c, nbytes) for c in cands}
+            fits = {c for c in cands if not any(self._speaks_on_entry(sched[c], r) for r in silent)}
+            cands = fits or cands  # none fits: a rank is merely late; the lowest root is the guess
         root = 0 if 0 in cands else min(cands)
         self.geometry = f"root={root}" + ("" if len(cands) == 1 else " (inferred)")
         self.nbytes = nbytes
         return BinomialBroadcast(w, root, nbytes)
 
-    def _talks(self, sched: Schedule, r: int) -> bool:
+    def _speaks_on_entry(self, sched: BinomialBroadcast, r: int) -> bool:
+        """Whether real rank r sends a boundary frame as soon as it enters: a receiver
+        posts its one receive first (a notice only if the parent is emulated); the root
+        posts all its sends at once."""
         real = self.group.real
-        return any(m.peer not in real for m in sched.sends(r)) or any(m.peer not in real for m in sched.recvs(r))
+        first = sched.recvs(r) or sched.sends(r)
+        return any(m.peer not in real for m in first)
 
     def _grace_over(self) -> None:
         if self.schedule is None and not self.completed:

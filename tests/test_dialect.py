@@ -19,6 +19,7 @@ EVERY = str(SCRIPTS / "every_collective.py")
         # Ranks 1 and 5 of 2-rank nodes (started without torchrun), and of 1-rank nodes.
         (4, 2, "1,5"),
         (7, 1, "1,5"),
+        (32, 1, "1,5"),
     ],
 )
 def test_every_collective_gets_the_zero_policy_values(run, nnodes, nproc, real):

@@ -146,6 +146,17 @@ def test_broadcast_forwards_the_roots_bytes(world, real, root):
         assert got == [side.payload(root, sched.parent(r)[1], 64)] if root in real else [bytes(64)]
 
 
+def test_broadcast_root_is_settled_while_a_real_rank_waits_on_a_real_parent():
+    """Real ranks 1 and 5 of 32, root 31 (emulated): rank 1's receive notice allows
+    roots 31 and 30, and rank 5 says nothing, for its parent is rank 1. The engine must
+    answer rank 1 without waiting for rank 5 (which would wait forever)."""
+    sched = BinomialBroadcast(32, 31, 64)
+    side = RealSide(32, (1, 5), sched, make_slot(SlotPrefix.BROADCAST, 3))
+    side.feed(1, 31, side.mirror[(1, 31)].recv_ready(side.slot, 64))
+    side.pump()
+    assert side.got[(1, 31)] == [bytes(64)]
+
+
 @pytest.mark.parametrize("world,real", [(2, (0,)), (3, (0,)), (6, (0, 3)), (32, (0, 1, 7))])
 def test_barrier_completes(world, real):
     side = run(world, real, DisseminationBarrier(world), SlotPrefix.BARRIER)
