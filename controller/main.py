@@ -91,6 +91,7 @@ class Controller:
         self.hub.on_reply = self._on_meta_reply
         self.hub.on_lost = self._observer_lost
         self.hub.on_group = self._on_group
+        self.hub.on_anysource = self._on_anysource
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.finished = threading.Event()  # the loop has stopped and the state is final
@@ -185,6 +186,14 @@ class Controller:
         group = self.groups[name] = Group(name, len(ranks), RealRanks(mine, len(ranks)), tuple(ranks))
         self.log(f"group {name!r}: {len(ranks)} ranks, real members {[ranks[g] for g in mine]}")
         threading.Thread(target=self._setup_group, args=(group,), name=f"group-{name}", daemon=True).start()
+
+    def _on_anysource(self, rank: int, name: str, tag: int, nbytes: int) -> None:
+        """Real rank `rank` posted a receive from any source in group `name` (loop thread)."""
+        group = self.groups.get(name)
+        if group is None:
+            raise ProtocolError(f"real rank {rank} receives from any source in group {name!r}, which it never joined")
+        r = group.ranks.index(rank) if group.ranks else rank
+        self.driver.engine.p2p.answer_any_source(group, r, tag, nbytes)
 
     def _setup_group(self, group: Group) -> None:
         try:

@@ -1,6 +1,6 @@
 """The controller's end of the observer link: real ranks' observers dial in, the
 controller asks them for what the wire does not carry (an allreduce's element
-count and size) and hears of optimizer steps. JSON lines over TCP.
+count and size) and hears of groups, receives from any source and optimizer steps. JSON lines over TCP.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class ObserverHub:
         self.on_reply: Callable[[dict], None] | None = None
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
+        self.on_anysource: Callable[[int, str, int, int], None] | None = None
         register(self.sock, self._accept)
 
     def _accept(self, _mask: int) -> None:
@@ -57,6 +58,9 @@ class ObserverHub:
             elif "group" in msg:
                 if self.on_group:
                     self.on_group(msg["group"], msg["ranks"])
+            elif "anysource" in msg:
+                if self.on_anysource and s in self._rank_of:
+                    self.on_anysource(self._rank_of[s], msg["anysource"], msg["tag"], msg["nbytes"])
             elif "step" in msg:
                 self.steps.append((self._rank_of.get(s, -1), msg["t"]))
             elif "q" in msg and self.on_reply:

@@ -6,6 +6,11 @@ real rank sends it (the receive is posted as soon as the send notice comes, with
 the announced length) and sends what a real rank receives from it (zeros, of the
 length the real rank posted), released one message time after the real rank
 posted its receive.
+
+A receive from any source puts nothing on the wire: the observer reports it, and
+the emulated members answer such receives in turn (lowest group rank first, per
+real rank and tag) by announcing a send, as Gloo's sender would; the real rank's
+NOTIFY_RECV_READY then draws the data. Real senders are matched by Gloo itself.
 """
 
 from __future__ import annotations
@@ -18,13 +23,33 @@ from .dialects.gloo.protocol import Data, Event, RecvReady, SendReady
 from .outcomes import InstanceRecord, ProtocolError
 
 if TYPE_CHECKING:
-    from .engine import Conn, Engine
+    from .engine import Conn, Engine, Group
 
 
 class PointToPoint:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.pending: dict[tuple[Conn, int], deque[tuple[int, float]]] = {}  # real sends awaiting data
+        self.announced: dict[tuple[Conn, int], int] = {}  # our send notices awaiting a receive
+        self.any_turn: dict[tuple[str, int, int], int] = {}  # (group, real, tag) -> receives answered
+
+    def answer_any_source(self, group: Group, r: int, tag: int, nbytes: int) -> None:
+        """Real group rank r posted a receive from any source: the next emulated member in
+        turn announces a send of `nbytes` on the tag."""
+        peers = [e for e in range(group.world) if e not in group.real]
+        if not peers:
+            return  # only real members: Gloo matches their sends itself
+        turn = self.any_turn.get((group.name, r, tag), 0)
+        self.any_turn[(group.name, r, tag)] = turn + 1
+        e = peers[turn % len(peers)]
+        conn = self.engine.conn_of(group, r, e)
+        if conn is None:
+            raise ProtocolError(
+                f"receive from any source, tag {tag} of group {group.name!r}: real rank "
+                f"{group.global_rank(r)} has no open pair with emulated rank {group.global_rank(e)}"
+            )
+        self.announced[(conn, tag)] = self.announced.get((conn, tag), 0) + 1
+        self.engine.emit(conn, conn.pair.send_ready(tag, nbytes))
 
     def on_event(self, conn: Conn, ev: Event) -> None:
         now = time.monotonic()
@@ -57,7 +82,12 @@ class PointToPoint:
     ) -> None:
         if release is not None and self.engine.timing is not None:
             self.engine.timing.record_lateness(time.monotonic() - release)
-        self.engine.emit(conn, conn.pair.send(slot, bytes(n)))
+        key = (conn, slot)
+        if self.announced.get(key):  # the send notice went out already (a receive from any source)
+            self.announced[key] -= 1
+            self.engine.emit(conn, conn.pair.data(slot, bytes(n)))
+        else:
+            self.engine.emit(conn, conn.pair.send(slot, bytes(n)))
         self._record("recv", conn, slot, n, posted, predicted)
 
     def _record(self, kind: str, conn: Conn, slot: int, n: int, start: float, predicted: float) -> None:

@@ -4,7 +4,8 @@ It tells the controller what the wire does not carry: the element count and
 dtype of a collective (read from PyTorch's flight recorder, which
 ProcessGroupGloo fills when TORCH_FR_BUFFER_SIZE is set), the members of each
 process group the script creates (so the controller can stand in for the
-emulated members), and the times of optimizer steps. It never edits the user's
+emulated members), receives from any source (Gloo announces nothing for them:
+an emulated sender must speak first), and the times of optimizer steps. It never edits the user's
 script; without it the emulation still runs, on the default group only.
 """
 
@@ -75,6 +76,19 @@ def _wrap(c10d) -> None:
         return helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *a, **k)
 
     c10d._new_process_group_helper = reporting_helper
+    irecv = c10d.irecv
+
+    def reporting_irecv(tensor, src=None, group=None, tag=0, group_src=None):
+        if src is None and group_src is None:  # nothing on the wire says whom this waits for
+            pg = group if group is not None else c10d._get_default_group()
+            nbytes = tensor.numel() * tensor.element_size()
+            _send({"anysource": c10d._get_process_group_name(pg), "tag": int(tag), "nbytes": nbytes})
+        return irecv(tensor, src, group, tag, group_src)
+
+    c10d.irecv = reporting_irecv  # recv() calls it too
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "irecv", None) is irecv:  # torch.distributed already copied it
+        dist.irecv = reporting_irecv
 
 
 def _lookup(query: dict) -> dict:

@@ -139,6 +139,12 @@ def exchanges(g, members) -> None:
     dist.recv(r_, prv, group=g, tag=3)
     s.wait()
     expect(torch.equal(r_, torch.full((5,), float(prv)) if prv in REAL else torch.zeros(5)), "send/recv")
+    emulated = [r for r in members if r not in REAL]
+    for turn in range(2):  # from any source: the emulated members answer in turn
+        r_ = torch.ones(4)
+        src = dist.recv(r_, group=g, tag=4)
+        want = emulated[turn % len(emulated)]
+        expect(src == want and torch.equal(r_, torch.zeros(4)), f"recv from any source: {src}, wanted {want}")
     dist.barrier(group=g)
 
 
