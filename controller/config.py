@@ -26,6 +26,7 @@ class ControllerConfig:
     ready_file: str = ""
     trace_file: str = ""
     observer: bool = True
+    data: str = "zeros"  # what emulated ranks contribute: zeros, or mirror (the real rank's inputs)
     topology: str = "cpu-25gbe"  # preset name or YAML file
     delay_model: str = "alpha-beta"
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link

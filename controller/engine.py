@@ -31,6 +31,7 @@ from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 
 from .dialects.gloo.protocol import Data, Event, GlooPair, RecvReady, SendReady
 from .dialects.gloo.wire import SlotPrefix, split_slot
+from .mirror import MirrorInput, fold
 from .outcomes import InstanceRecord, ProtocolError
 from .p2p import PointToPoint
 from .release import ReleaseTiming
@@ -109,6 +110,9 @@ class Instance:
         self.timeline = None
         self.predicted = 0.0
         self.completed = False
+        self.input_state: str | None = None  # mirror policy: "asked" until the source's input is in
+        self.mirror: MirrorInput | None = None
+        self.input_waiters: list[_PendingSend] = []
 
     # -- geometry --------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
@@ -273,6 +277,10 @@ class Instance:
             self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.start)
             self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
         self._expect(sched.sends, sched.recvs)
+        eng = self.engine
+        if eng.data == "mirror" and eng.request_input is not None and hasattr(sched, "mirror_plan"):
+            if eng.request_input(g.name, self.slot, g.global_rank(g.real.mirror)):
+                self.input_state = "asked"
         if isinstance(sched, RingReduce) and sched.root is None:
             self.remaining += 1  # the gather to the root, counted once a frame names the root
         self._post_receives(self.expect_send)
@@ -421,9 +429,21 @@ class Instance:
                 if ref not in self.received:
                     p.missing += 1
                     self.waiting.setdefault(ref, []).append(p)
+            if self.input_state == "asked":
+                p.missing += 1
+                self.input_waiters.append(p)
             self.outq.setdefault(key, deque()).append(p)
             if p.missing == 0:
                 self._flush(conn)
+
+    def on_input(self, mirror: MirrorInput | None) -> None:
+        """The mirror source's input came (None: none recorded; its messages stay zeros)."""
+        self.mirror, self.input_state = mirror, "in"
+        waiters, self.input_waiters = self.input_waiters, []
+        for p in waiters:
+            p.missing -= 1
+            if p.missing == 0:
+                self._flush(p.conn)
 
     def _flush(self, conn: Conn) -> None:
         """Write ready sends in the order the real rank posted the receives (FIFO per pair),
@@ -447,15 +467,26 @@ class Instance:
             q.popleft()
             self._send(p)
 
+    def _bytes_of(self, c: SendRef | tuple[SendRef, ...] | None, n: int) -> bytes:
+        if c is None:
+            return bytes(n)
+        if isinstance(c[0], tuple):  # several real sends, concatenated (a reduce's chunk)
+            return b"".join(self.received[ref] for ref in c)
+        return self.received[c]
+
+    def _mirrored(self, p: _PendingSend) -> bytes | None:
+        plan = self.schedule.mirror_plan(p.conn.emu, p.msg.step, self.group.real)
+        block = None if plan is None else self.mirror.block(plan, p.msg.nbytes)
+        if block is None:
+            return None
+        base = None if plan.base is None else self._bytes_of(plan.base, p.msg.nbytes)
+        return fold(base, block, plan.folds, self.mirror.op, self.mirror.dtype)
+
     def _send(self, p: _PendingSend) -> None:
         n = p.msg.nbytes
-        c = p.content
-        if c is None:
-            payload = bytes(n)
-        elif isinstance(c[0], tuple):  # several real sends, concatenated (a reduce's chunk)
-            payload = b"".join(self.received[ref] for ref in c)
-        else:
-            payload = self.received[c]
+        payload = self._mirrored(p) if self.mirror is not None else None
+        if payload is None:
+            payload = self._bytes_of(p.content, n)
         if len(payload) != n:
             what = f"forwarded {len(payload)} bytes into a {n}-byte receive"
             raise ProtocolError(self._where(p.conn, what, p.msg.step))
@@ -481,8 +512,12 @@ class Engine:
         conn_of: Callable[[Group, int, int], Conn | None] | None = None,
         timing: ReleaseTiming | None = None,
         call_at: Callable[[float, Callable[[], None]], None] | None = None,
+        data: str = "zeros",
+        request_input: Callable[[str, int, int], bool] | None = None,
     ) -> None:
         self.emit = emit
+        self.data = data  # what emulated ranks contribute: zeros, or mirror (the source's input)
+        self.request_input = request_input
         if timing is not None and call_at is None:
             raise ValueError("timed releases need the driver's call_at")
         self.timing = timing
@@ -530,6 +565,12 @@ class Engine:
             inst.meta_unavailable()
         else:
             inst.on_meta(numel, elem)
+
+    def on_input(self, group: str, slot: int, mirror: MirrorInput | None) -> None:
+        """The observer's answer for a mirrored instance's input."""
+        inst = self.instances.get((group, slot))
+        if inst is not None and inst.input_state == "asked":
+            inst.on_input(mirror)
 
     def _complete(self, inst: Instance) -> None:
         inst.completed = True

@@ -9,6 +9,7 @@ whose one-line cause goes to stderr and to the status reply.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ from .dialects.gloo.wire import (
     split_slot,
 )
 from .engine import Conn, Engine, Group, InstanceRecord, ProtocolError
+from .mirror import DTYPES, MirrorInput
 from .observers import ObserverHub
 from .release import ReleaseTiming
 from .rendezvous import (
@@ -109,30 +111,50 @@ class Controller:
             conn_of=self._open_conn,
             timing=self.timing,
             call_at=driver.call_at,
+            data=self.cfg.data,
+            request_input=self._request_input if self.cfg.observer else None,
         )
 
     def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
         conn = self.conns.get((group.name, real, emu))
         return conn if conn is not None and conn in self.driver.socks else None
 
-    def _request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+    def _ask(self, group: str, slot: int, real: int, what: dict) -> bool:
+        """Ask real rank `real`'s observer about instance (group, slot)."""
         tag = split_slot(slot)[1]
-        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, "kind": kind}):
+        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, **what}):
             return False
         self._qid += 1
-        self._queries[self._qid] = (group, slot, real)
+        self._queries[self._qid] = (group, slot, real, "input" in what)
         return True
 
+    def _request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+        return self._ask(group, slot, real, {"kind": kind})
+
+    def _request_input(self, group: str, slot: int, real: int) -> bool:
+        return self._ask(group, slot, real, {"input": 1})
+
     def _observer_lost(self, rank: int) -> None:
-        """A real rank's observer went away: its open questions fall back to the wire."""
-        for q, (group, slot, real) in list(self._queries.items()):
+        """A real rank's observer went away: its open questions fall back to the wire
+        (inputs to zeros)."""
+        for q, (group, slot, real, is_input) in list(self._queries.items()):
             if real == rank:
                 del self._queries[q]
-                self.driver.engine.on_meta(group, slot, None)
+                if is_input:
+                    self.driver.engine.on_input(group, slot, None)
+                else:
+                    self.driver.engine.on_meta(group, slot, None)
 
     def _on_meta_reply(self, msg: dict) -> None:
-        group, slot, _ = self._queries.pop(msg["q"], (None, None, None))
+        group, slot, _, is_input = self._queries.pop(msg["q"], (None, None, None, False))
         if group is None:
+            return
+        if is_input:
+            data = msg.get("data")
+            mirror = None
+            if data is not None and msg.get("dtype") in DTYPES:
+                mirror = MirrorInput(base64.b64decode(data), msg["dtype"], msg.get("op", "SUM"), msg.get("splits"))
+            self.driver.engine.on_input(group, slot, mirror)
             return
         numel, dtype = msg.get("numel"), msg.get("dtype")
         if numel is None or dtype not in ELEM_SIZES:

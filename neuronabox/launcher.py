@@ -79,14 +79,11 @@ class Run:
         self.nproc = int_flag(args, ("--nproc-per-node",), 1)
         self.world = self.nnodes * self.nproc
         self.real_nodes, self.direct_ranks = self._real_ranks(args)
-        data = args.ours.get("--data", "zeros")
-        if data == "mirror":
-            raise UsageError(
-                "--data mirror is not available yet: it needs each real rank's input bytes, "
-                "which DDP's C++ reducer hands Gloo without passing any Python hook; use --data zeros"
-            )
-        if data != "zeros":
-            raise UsageError(f"--data is zeros (mirror is planned), got {data!r}")
+        self.data = args.ours.get("--data", "zeros")
+        if self.data not in ("zeros", "mirror"):
+            raise UsageError(f"--data is zeros or mirror, got {self.data!r}")
+        if self.data == "mirror" and "--no-observer" in args.switches:
+            raise UsageError("--data mirror needs the observer (it reads the real rank's inputs); drop --no-observer")
         if args.get("--rdzv-backend") not in (None, "static"):
             raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
         mode = args.ours.get("--gloo-mode", "auto")
@@ -158,6 +155,7 @@ class Run:
             ready_file=str(self.dir / "ready.json"),
             trace_file=str(self.dir / "trace.json"),
             observer=self.observer,
+            data=self.data,
             topology=self.topology,
             delay_model=self.delay_model,
             boundary=self.boundary,
@@ -210,6 +208,7 @@ class Run:
             env.pop("TORCH_GLOO_LAZY_INIT", None)
         if self.observer:
             env["NEURONABOX_OBSERVER"] = observer_addr
+            env["NEURONABOX_DATA"] = self.data
             env.setdefault("TORCH_FR_BUFFER_SIZE", "1024")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVER_DIR), env.get("PYTHONPATH")]))
         return env

@@ -1,12 +1,15 @@
 """The complete Gloo dialect, end to end: every collective ProcessGroupGloo runs on
 CPU tensors, in the default group and in subgroups, with real ranks anywhere."""
 
+import re
+
 import pytest
 from conftest import SCRIPTS
 
 EVERY = str(SCRIPTS / "every_collective.py")
 
 
+@pytest.mark.parametrize("data", ["zeros", "mirror"])
 @pytest.mark.parametrize(
     "nnodes,nproc,real",
     [
@@ -22,8 +25,11 @@ EVERY = str(SCRIPTS / "every_collective.py")
         (32, 1, "1,5"),
     ],
 )
-def test_every_collective_gets_the_zero_policy_values(run, nnodes, nproc, real):
-    res = run("torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--real-ranks", real, EVERY)
+def test_every_collective_gets_the_policy_values(run, nnodes, nproc, real, data):
+    res = run(
+        "torchrun", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--real-ranks", real,
+        "--data", data, EVERY,
+    )  # fmt: skip
     assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
     assert res.out.count("all checks passed") == len(real.split(","))
     for kind in ("reduce", "gather", "scatter", "alltoall", "send", "recv", "allreduce", "broadcast"):
@@ -35,10 +41,27 @@ def test_every_collective_gets_the_zero_policy_values(run, nnodes, nproc, real):
     [
         (["--real-ranks", "1,9"], "--real-ranks names rank 9, outside the emulated world of 4 ranks"),
         (["--real-ranks", "1", "--real-nodes", "0"], "give --real-ranks or --real-nodes, not both"),
-        (["--data", "mirror"], "--data mirror is not available yet"),
+        (["--data", "ones"], "--data is zeros or mirror, got 'ones'"),
+        (["--data", "mirror", "--no-observer"], "--data mirror needs the observer"),
     ],
 )
 def test_bad_rank_and_data_flags_exit_2_with_one_line(run, flags, cause):
     res = run("torchrun", "--nnodes", "4", *flags, EVERY)
     assert res.rc == 2
     assert cause in res.last_error
+
+
+@pytest.mark.parametrize(
+    "data,hook,ratio", [("zeros", [], 1 / 8), ("mirror", [], 1.0), ("mirror", ["--own-hook"], 1.0)]
+)
+def test_ddp_gradients_follow_the_data_policy(run, data, hook, ratio):
+    """Averaged over 8 ranks, DDP's gradient is the real rank's own under mirror (every
+    emulated rank contributed the same) and an eighth of it under zeros; a script's own
+    comm hook (fp16 compression) is mirrored through the collectives it calls."""
+    res = run("torchrun", "--nnodes", "8", "--data", data, str(SCRIPTS / "ddp_grads.py"), *hook)
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    got = float(re.search(r"rank 0: grad ratio ([0-9.]+)", res.out).group(1))
+    assert got == pytest.approx(ratio, rel=5e-3 if hook else 1e-5)  # the hook sends fp16
+    if data == "mirror" and not hook:  # one SGD step on the DDP copy lands where the local copy's does
+        gap = float(re.search(r"max \|param - local\| = ([0-9.e+-]+)", res.out).group(1))
+        assert gap < 1e-6

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from . import mirror
+
 _lock = threading.Lock()
 _sock: socket.socket | None = None
 _early: list[bytes] = []  # messages from before the link is up
@@ -39,35 +41,43 @@ def _send(msg: dict) -> None:
 
 
 C10D = "torch.distributed.distributed_c10d"
+DDP = "torch.nn.parallel.distributed"
+MIRROR = os.environ.get("NEURONABOX_DATA") == "mirror"
+INPUT_WAIT_S = 60.0  # how long a question for an input waits for its call to enter
 
 
-class _ReportGroups(importlib.abc.MetaPathFinder):
-    """Wraps c10d's `_new_process_group_helper` as the module loads: every group this
-    rank joins is reported (name, global ranks in group order) before its backend
-    publishes a record and waits for the other members' records."""
+class _WrapOnLoad(importlib.abc.MetaPathFinder):
+    """Wraps functions of the modules in `targets` as each loads, before any other
+    module copies their names (torch.distributed's `import *`)."""
+
+    def __init__(self, targets: dict) -> None:
+        self.targets = targets
 
     def find_spec(self, name, path, target=None):
-        if name != C10D:
+        wrap = self.targets.pop(name, None)
+        if wrap is None:
             return None
         sys.meta_path.remove(self)
         try:
             spec = importlib.util.find_spec(name)
         finally:
-            sys.meta_path.insert(0, self)
+            if self.targets:
+                sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_wrap(module):
             exec_module(module)
-            _wrap(module)
+            wrap(module)
 
         spec.loader.exec_module = exec_and_wrap
         return spec
 
 
 def _wrap(c10d) -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _ReportGroups)]
+    """Every group this rank joins is reported (name, global ranks in group order)
+    before its backend publishes a record and waits for the other members' records."""
     helper = c10d._new_process_group_helper
 
     def reporting_helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *a, **k):
@@ -86,6 +96,8 @@ def _wrap(c10d) -> None:
         return irecv(tensor, src, group, tag, group_src)
 
     c10d.irecv = reporting_irecv  # recv() calls it too
+    if MIRROR:
+        mirror.install(c10d)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and getattr(dist, "irecv", None) is irecv:  # torch.distributed already copied it
         dist.irecv = reporting_irecv
@@ -121,18 +133,29 @@ def _serve(host: str, port: int) -> None:
         _sock = s
     threading.Thread(target=_hook_steps, name="neuronabox-steps", daemon=True).start()
     buf = b""
+    waiting: list[tuple[dict, float]] = []  # input questions whose call has not entered yet
     while True:
-        data = s.recv(65536)
-        if not data:
+        s.settimeout(0.005 if waiting else None)
+        try:
+            data = s.recv(65536)
+        except TimeoutError:
+            data = None
+        if data == b"":
             return
-        buf += data
+        buf += data or b""
         *lines, buf = buf.split(b"\n")
-        for line in lines:
-            q = json.loads(line)
+        waiting += [(json.loads(line), time.monotonic() + INPUT_WAIT_S) for line in lines]
+        still = []
+        for q, deadline in waiting:
             try:
-                _send(_lookup(q))
-            except Exception as exc:  # answer anyway: the controller falls back to the wire
-                _send({"q": q.get("q"), "numel": None, "error": str(exc)})
+                reply = mirror.answer(q, deadline) if "input" in q else _lookup(q)
+            except Exception as exc:  # answer anyway: the controller falls back to the wire, or zeros
+                reply = {"q": q.get("q"), "numel": None, "data": None, "error": str(exc)}
+            if reply is None:
+                still.append((q, deadline))
+            else:
+                _send(reply)
+        waiting = still
 
 
 def _hook_steps() -> None:
@@ -150,9 +173,14 @@ def _hook_steps() -> None:
 
 
 def start() -> None:
-    if C10D in sys.modules:
-        _wrap(sys.modules[C10D])
-    else:
-        sys.meta_path.insert(0, _ReportGroups())
+    targets = {C10D: _wrap}
+    if MIRROR:
+        targets[DDP] = mirror.hook_ddp
+    for name, wrap in list(targets.items()):
+        if name in sys.modules:
+            wrap(sys.modules[name])
+            del targets[name]
+    if targets:
+        sys.meta_path.insert(0, _WrapOnLoad(targets))
     host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
     threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()

@@ -33,6 +33,18 @@ class Msg(NamedTuple):
 SendRef = tuple[int, int]  # (rank, step) of a send
 
 
+class MirrorPlan(NamedTuple):
+    """An emulated message's bytes under the mirror policy (every emulated rank holds
+    the mirror source's input): `base` (the bytes of these real sends, or nothing)
+    with the input's bytes at `offset` folded in `folds` times by the reduce op.
+    `block_for`: the input's block destined for that rank (alltoall), not `offset`."""
+
+    base: SendRef | tuple[SendRef, ...] | None
+    folds: int
+    offset: int = 0
+    block_for: int | None = None
+
+
 class RealRanks:
     """The sorted set of real ranks, with cyclic nearest-neighbour queries."""
 
@@ -189,6 +201,25 @@ class RingAllreduce:
     def _has_send(self, rank: int, t: int) -> bool:
         return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0
 
+    @property
+    def reducing_steps(self) -> int:
+        """Receives before this step are reduced into the receiver's own input."""
+        return self.geo.phase_steps
+
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
+        """What emulated `rank` sends at `step`: the nearest real rank x upstream sent
+        the segment at `data_step`, and each rank on the way down to `rank` that got it
+        while reducing added its own input; with no real sender in reach, the segment
+        holds `step // per_rank + 1` emulated inputs."""
+        spr = self.geo.per_rank
+        offset = self._seg(rank, step, recv=False) * self.geo.segment_bytes
+        x, d = real.above(rank)
+        data_step = step - d * spr
+        if data_step < 0:
+            return MirrorPlan(None, step // spr + 1, offset)
+        adds = sum(1 for j in range(d) if data_step + j * spr < self.reducing_steps)
+        return MirrorPlan((x, data_step), adds, offset)
+
     # -- timing: the ring moves in lockstep at the pace of its slowest hop -------------
     steps_per_pace = 2  # Gloo keeps two steps in flight: step t waits for step t-2
 
@@ -287,6 +318,19 @@ class RingReduce(RingAllreduce):
         spr = self.geo.per_rank
         refs = tuple((x, t) for t in range(k * spr, (k + 1) * spr) if self._has_send(x, t))
         return list(refs), refs or None
+
+    @property
+    def reducing_steps(self) -> int:
+        return self.gather_step  # every ring receive of a reduce is reduced
+
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
+        if step != self.gather_step:
+            return super().mirror_plan(rank, step, real)
+        # The chunk `rank` completes: x's partial sums of it, plus one input per rank
+        # from x-1 down to `rank`.
+        refs, _ = self.origin(rank, step, real)
+        x, d = real.above(rank)
+        return MirrorPlan(tuple(refs) or None, d, rank * self.geo.per_rank * self.geo.segment_bytes)
 
     def free_time(self, hop: Link) -> float:
         """The ring, then W-1 chunks into the root's link."""
@@ -422,6 +466,11 @@ class BinomialBroadcast:
             if p[0] in real:
                 return [p], p
             node = p[0]
+
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
+        """Forward a real rank's bytes, or (emulated root) the mirrored input."""
+        content = self.origin(rank, step, real)[1]
+        return MirrorPlan(content, 0) if content is not None else MirrorPlan(None, 1)
 
 
 # ---------------------------------------------------------------------------

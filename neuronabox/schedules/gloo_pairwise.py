@@ -14,7 +14,7 @@ a rank costs latency + k x bytes / bandwidth.
 
 from __future__ import annotations
 
-from .gloo import Link, Msg, RealRanks, SendRef
+from .gloo import Link, MirrorPlan, Msg, RealRanks, SendRef
 
 WIRE = -1  # a length the real rank's notice tells
 
@@ -63,6 +63,11 @@ class RootedPairwise(_Pairwise):
     def recvs(self, rank: int) -> list[Msg]:
         return self._own(rank) if self.kind == "scatter" else self._root_msgs(rank)
 
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan | None:
+        """A gather's emulated block is the mirrored input; a scatter's list exists on
+        the root only, so an emulated root's blocks stay zeros."""
+        return MirrorPlan(None, 1) if self.kind == "gather" else None
+
     def lag(self, rank: int, step: int, hop: Link) -> float:
         """When the message of `step` arrives, after entry: the root's link carries the
         messages one after another in ascending order of the other rank."""
@@ -82,6 +87,10 @@ class PairwiseAlltoall(_Pairwise):
 
     def recvs(self, rank: int) -> list[Msg]:
         return [Msg((rank - i) % self.world, i, WIRE) for i in range(1, self.world)]
+
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
+        """Emulated `rank` sends the receiver the input's block meant for it."""
+        return MirrorPlan(None, 1, block_for=(rank + step) % self.world)
 
     def lag(self, rank: int, step: int, hop: Link) -> float:
         return self._cost(hop, step)

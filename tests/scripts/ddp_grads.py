@@ -1,0 +1,52 @@
+"""DDP gradients under the data policies: one backward through a DDP model, then each
+parameter's gradient is compared with the same model's gradient computed locally.
+Prints "rank R: grad ratio X" (allreduced over local gradient, one number for every
+parameter) and "rank R: after step: max |param - local| = Y" after an SGD step on
+both copies; exits 1 if the ratio is not one number. `--own-hook` registers the
+script's own comm hook.
+"""
+
+import copy
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    local = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    model = DDP(copy.deepcopy(local), bucket_cap_mb=0.005)  # several buckets
+    if "--own-hook" in sys.argv:  # the script's own comm hook (PyTorch's fp16 compression)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        model.register_comm_hook(None, fp16_compress_hook)
+    x, y = torch.randn(16, 32), torch.randn(16, 8)
+    for m in (model, local):
+        nn.functional.mse_loss(m(x), y).backward()
+    ratios = []
+    for p, q in zip(model.parameters(), local.parameters(), strict=True):
+        ratios.append((p.grad.double().sum() / q.grad.double().sum()).item())
+        tol = 4e-3 if "--own-hook" in sys.argv else 1e-5  # fp16 on the wire
+        if not torch.allclose(p.grad, q.grad * ratios[-1], rtol=tol, atol=tol / 100):
+            print(f"rank {rank}: CHECK FAILED: gradient not a multiple of the local one", flush=True)
+            os._exit(1)
+    if max(ratios) - min(ratios) > tol:
+        print(f"rank {rank}: CHECK FAILED: ratios differ {ratios}", flush=True)
+        os._exit(1)
+    for m in (model, local):
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    gap = max((p - q).abs().max().item() for p, q in zip(model.parameters(), local.parameters(), strict=True))
+    print(f"rank {rank}: grad ratio {ratios[0]:.6f}", flush=True)
+    print(f"rank {rank}: after step: max |param - local| = {gap:.3g}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
