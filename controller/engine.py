@@ -80,6 +80,10 @@ class _PendingSend:
         self.timed = False  # a driver timer is set for it
 
 
+def _from_emulated_root(sched: Schedule, real: RealRanks) -> bool:
+    return isinstance(sched, BinomialBroadcast) and sched.root not in real
+
+
 class Instance:
     """One collective call on one process group: (group, slot)."""
 
@@ -94,7 +98,8 @@ class Instance:
         self.geometry = ""
         self.nbytes = 0
         self.buffered: list[tuple[Conn, Event]] = []
-        self.meta_state: str | None = None  # an allreduce/reduce's question to the observer
+        self.meta_state: str | None = None  # a question to the observer (ring size, broadcast root)
+        self.root_hint: int | None = None  # a broadcast's root, as the observer knows it
         self.root_grace: str | None = None  # an ambiguous broadcast root's wait for silent real ranks
         self.first_notice: dict[int, list[tuple[Conn, Event]]] = {}
         self.expect_send: dict[tuple[int, int], deque[Msg]] = {}
@@ -167,6 +172,18 @@ class Instance:
             if cands is not None:
                 raise ProtocolError(f"{self.name()}: no broadcast root fits the real ranks' frames")
             return None
+        if len(cands) > 1 and self.meta_state != "unavailable":
+            # Ambiguous: the observer of a rank that spoke knows the root the call named.
+            if self.root_hint in cands:
+                cands = {self.root_hint}
+            elif self.meta_state is None and self.engine.request_meta is not None:
+                asked = self.group.global_rank(next(iter(self.first_notice)))
+                self.meta_state = "requested"
+                if self.engine.request_meta(self.group.name, self.slot, asked, "broadcast"):
+                    return None
+                self.meta_state = "unavailable"
+            elif self.meta_state == "requested":
+                return None
         silent = [r for r in self.group.real.sorted if r not in self.first_notice]
         if len(cands) > 1 and silent and len(cands) <= ROOT_CANDIDATES_CHECKED:
             # A real rank that has not spoken either has not entered yet, or, under the
@@ -193,6 +210,12 @@ class Instance:
         real = self.group.real
         first = sched.recvs(r) or sched.sends(r)
         return any(m.peer not in real for m in first)
+
+    def on_root(self, root: int | None) -> None:
+        """The observer's answer to an ambiguous broadcast: the root (group rank) or None."""
+        known = root is not None and 0 <= root < self.group.world
+        self.root_hint, self.meta_state = (root, "answered") if known else (None, "unavailable")
+        self._try_resolve()
 
     def _grace_over(self) -> None:
         if self.schedule is None and not self.completed:
@@ -278,7 +301,10 @@ class Instance:
             self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
         self._expect(sched.sends, sched.recvs)
         eng = self.engine
-        if eng.data == "mirror" and eng.request_input is not None and hasattr(sched, "mirror_plan"):
+        # Mirror asks for every input; zeros only for broadcasts from an emulated root
+        # (DDP's construction broadcasts: the real ranks keep their own model).
+        wants = hasattr(sched, "mirror_plan") if eng.data == "mirror" else _from_emulated_root(sched, g.real)
+        if wants and eng.request_input is not None:
             if eng.request_input(g.name, self.slot, g.global_rank(g.real.mirror)):
                 self.input_state = "asked"
         if isinstance(sched, RingReduce) and sched.root is None:
@@ -565,6 +591,12 @@ class Engine:
             inst.meta_unavailable()
         else:
             inst.on_meta(numel, elem)
+
+    def on_root(self, group: str, slot: int, root: int | None) -> None:
+        """The observer's answer for a broadcast: the root the call named, or None."""
+        inst = self.instances.get((group, slot))
+        if inst is not None and inst.schedule is None:
+            inst.on_root(root)
 
     def on_input(self, group: str, slot: int, mirror: MirrorInput | None) -> None:
         """The observer's answer for a mirrored instance's input."""

@@ -149,6 +149,9 @@ class Controller:
         group, slot, _, is_input = self._queries.pop(msg["q"], (None, None, None, False))
         if group is None:
             return
+        if "root" in msg:
+            self.driver.engine.on_root(group, slot, msg["root"])
+            return
         if is_input:
             data = msg.get("data")
             mirror = None

@@ -209,7 +209,8 @@ class Run:
         if self.observer:
             env["NEURONABOX_OBSERVER"] = observer_addr
             env["NEURONABOX_DATA"] = self.data
-            env.setdefault("TORCH_FR_BUFFER_SIZE", "1024")
+            # The observer reads recent entries only; a dump of 64 costs ~0.5 ms, of 1024 ~18 ms.
+            env.setdefault("TORCH_FR_BUFFER_SIZE", "64")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVER_DIR), env.get("PYTHONPATH")]))
         return env
 

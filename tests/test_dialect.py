@@ -52,15 +52,25 @@ def test_bad_rank_and_data_flags_exit_2_with_one_line(run, flags, cause):
 
 
 @pytest.mark.parametrize(
-    "data,hook,ratio", [("zeros", [], 1 / 8), ("mirror", [], 1.0), ("mirror", ["--own-hook"], 1.0)]
+    "data,real,hook,ratio",
+    [
+        ("zeros", "0", [], 1 / 8),
+        ("mirror", "0", [], 1.0),
+        ("mirror", "0", ["--own-hook"], 1.0),
+        # Rank 0 emulated: DDP's construction broadcasts (metadata check, state sync) come
+        # back as the real rank's own, so its model survives.
+        ("zeros", "1", [], 1 / 8),
+        ("mirror", "3", [], 1.0),
+    ],
 )
-def test_ddp_gradients_follow_the_data_policy(run, data, hook, ratio):
+def test_ddp_gradients_follow_the_data_policy(run, data, real, hook, ratio):
     """Averaged over 8 ranks, DDP's gradient is the real rank's own under mirror (every
     emulated rank contributed the same) and an eighth of it under zeros; a script's own
     comm hook (fp16 compression) is mirrored through the collectives it calls."""
-    res = run("torchrun", "--nnodes", "8", "--data", data, str(SCRIPTS / "ddp_grads.py"), *hook)
+    res = run("torchrun", "--nnodes", "8", "--real-ranks", real, "--data", data, str(SCRIPTS / "ddp_grads.py"), *hook)
     assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
-    got = float(re.search(r"rank 0: grad ratio ([0-9.]+)", res.out).group(1))
+    assert f"rank {real}: model kept through DDP construction: True" in res.out
+    got = float(re.search(rf"rank {real}: grad ratio ([0-9.]+)", res.out).group(1))
     assert got == pytest.approx(ratio, rel=5e-3 if hook else 1e-5)  # the hook sends fp16
     if data == "mirror" and not hook:  # one SGD step on the DDP copy lands where the local copy's does
         gap = float(re.search(r"max \|param - local\| = ([0-9.e+-]+)", res.out).group(1))

@@ -157,6 +157,27 @@ def test_broadcast_root_is_settled_while_a_real_rank_waits_on_a_real_parent():
     assert side.got[(1, 31)] == [bytes(64)]
 
 
+def test_ambiguous_broadcast_root_comes_from_the_observer():
+    """Real ranks 0 and 1 of 8, root 6: rank 0's receive notice allows roots 5 and 6,
+    which give the real ranks different programs, and rank 1 (which speaks under either)
+    is late. The engine asks the observer of the rank that spoke and takes the root its
+    call named, instead of guessing 5."""
+    sched = BinomialBroadcast(8, 6, 64)
+    side = RealSide(8, (0, 1), sched, make_slot(SlotPrefix.BROADCAST, 3), meta=True)
+    asked = []
+    side.engine.request_meta = lambda g, slot, r, kind: asked.append((r, kind)) or True
+    side.feed(0, 6, side.mirror[(0, 6)].recv_ready(side.slot, 64))
+    assert asked == [(0, "broadcast")] and not side.out  # nothing guessed yet
+    side.engine.on_root("0", side.slot, 6)
+    side.feed(1, 7, side.mirror[(1, 7)].recv_ready(side.slot, 64))
+    for r in (0, 1):
+        for m in sched.sends(r):
+            side.announce(r, m)
+    side.pump()
+    assert side.got[(0, 6)] == [bytes(64)] and side.got[(1, 7)] == [bytes(64)]
+    assert len(side.completed) == 1 and side.completed[0].geometry.startswith("root=6")
+
+
 @pytest.mark.parametrize("world,real", [(2, (0,)), (3, (0,)), (6, (0, 3)), (32, (0, 1, 7))])
 def test_barrier_completes(world, real):
     side = run(world, real, DisseminationBarrier(world), SlotPrefix.BARRIER)

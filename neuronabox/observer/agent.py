@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import mirror
+from . import calls
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -96,8 +96,7 @@ def _wrap(c10d) -> None:
         return irecv(tensor, src, group, tag, group_src)
 
     c10d.irecv = reporting_irecv  # recv() calls it too
-    if MIRROR:
-        mirror.install(c10d)
+    calls.install(c10d, MIRROR)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and getattr(dist, "irecv", None) is irecv:  # torch.distributed already copied it
         dist.irecv = reporting_irecv
@@ -148,7 +147,12 @@ def _serve(host: str, port: int) -> None:
         still = []
         for q, deadline in waiting:
             try:
-                reply = mirror.answer(q, deadline) if "input" in q else _lookup(q)
+                if "input" in q:
+                    reply = calls.input_of(q, deadline)
+                elif q.get("kind") == "broadcast":
+                    reply = calls.root_of(q)
+                else:
+                    reply = _lookup(q)
             except Exception as exc:  # answer anyway: the controller falls back to the wire, or zeros
                 reply = {"q": q.get("q"), "numel": None, "data": None, "error": str(exc)}
             if reply is None:
@@ -173,9 +177,9 @@ def _hook_steps() -> None:
 
 
 def start() -> None:
-    targets = {C10D: _wrap}
+    targets = {C10D: _wrap, "torch.distributed": calls.hook_model_sync}
     if MIRROR:
-        targets[DDP] = mirror.hook_ddp
+        targets[DDP] = calls.hook_ddp
     for name, wrap in list(targets.items()):
         if name in sys.modules:
             wrap(sys.modules[name])

@@ -1,9 +1,10 @@
 """DDP gradients under the data policies: one backward through a DDP model, then each
 parameter's gradient is compared with the same model's gradient computed locally.
-Prints "rank R: grad ratio X" (allreduced over local gradient, one number for every
-parameter) and "rank R: after step: max |param - local| = Y" after an SGD step on
-both copies; exits 1 if the ratio is not one number. `--own-hook` registers the
-script's own comm hook.
+Prints whether the model came through DDP's construction broadcasts (from rank 0,
+emulated or not) unchanged, "rank R: grad ratio X" (allreduced over local gradient,
+one number for every parameter) and "rank R: after step: max |param - local| = Y"
+after an SGD step on both copies; exits 1 if the model changed or the ratio is not
+one number. `--own-hook` registers the script's own comm hook.
 """
 
 import copy
@@ -20,8 +21,15 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    local = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+    # BatchNorm: buffers DDP broadcasts from rank 0 at construction and every forward,
+    # float and int64 (num_batches_tracked) in separate buckets.
+    local = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 8))
     model = DDP(copy.deepcopy(local), bucket_cap_mb=0.005)  # several buckets
+    state = {k: v for k, v in local.state_dict().items()}
+    kept = all(torch.equal(v, state[k]) for k, v in model.module.state_dict().items())
+    print(f"rank {rank}: model kept through DDP construction: {kept}", flush=True)
+    if not kept:
+        os._exit(1)
     if "--own-hook" in sys.argv:  # the script's own comm hook (PyTorch's fp16 compression)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -31,7 +39,10 @@ def main() -> None:
         nn.functional.mse_loss(m(x), y).backward()
     ratios = []
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
-        ratios.append((p.grad.double().sum() / q.grad.double().sum()).item())
+        a, b = p.grad.double().flatten(), q.grad.double().flatten()
+        if b.norm() < 1e-6:
+            continue  # no gradient here to compare
+        ratios.append((a @ b / (b @ b)).item())  # the multiple of the local gradient
         tol = 4e-3 if "--own-hook" in sys.argv else 1e-5  # fp16 on the wire
         if not torch.allclose(p.grad, q.grad * ratios[-1], rtol=tol, atol=tol / 100):
             print(f"rank {rank}: CHECK FAILED: gradient not a multiple of the local one", flush=True)

@@ -1,0 +1,257 @@
+"""What the real rank's collective calls named that Gloo's wire does not carry: the
+root of a broadcast, and (under `--data mirror`) the input of each collective.
+
+Every emulated rank contributes what the group's mirror source contributed: a real
+rank of the group (the first whose ring successor is emulated: rank 0 when it alone
+is real). Wrappers around c10d's functions note, as each call enters, the group's
+sequence number (`_get_sequence_number_for_group`, one per operation: cheap) with
+the root, and on the source a copy of the input. The controller asks by Gloo's tag;
+the flight recorder maps a tag to its operation (`collective_seq_id` = tag + 1,
+`op_id` = sequence number + 1), read only when a question comes.
+
+DDP's C++ reducer calls Gloo past every Python function, so under mirror DDP models
+get PyTorch's own `allreduce_hook` (the same divide-then-allreduce the reducer does),
+registered at the first forward unless the script set a hook. DDP's construction
+broadcasts (the parameter metadata check, the state sync) are noted in both
+policies: with rank 0 emulated, the real ranks get their own model back.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import inspect
+import os
+import pickle
+import sys
+import threading
+import time
+
+_lock = threading.Lock()
+_inputs: dict[tuple[str, int], dict] = {}  # (group, sequence number) -> the input
+_roots: dict[tuple[str, int], int] = {}  # (group, sequence number) -> broadcast root (group rank)
+REAL = {int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "").split(",") if r}
+KEEP = 4096  # notes kept per kind; older ones nobody asked for go
+STALE = 64  # an input noted this many operations before the one asked for is dropped
+
+# c10d function -> the name of its input argument (tensor or list)
+MIRRORED = {
+    "all_reduce": "tensor",
+    "reduce": "tensor",
+    "broadcast": "tensor",
+    "gather": "tensor",
+    "all_to_all_single": "input",
+    "all_to_all": "input_tensor_list",
+    "reduce_scatter_tensor": "input",
+}
+
+
+def _c10d():
+    return sys.modules["torch.distributed.distributed_c10d"]
+
+
+def _seq(pg) -> int:
+    return pg._get_sequence_number_for_group()
+
+
+def _name(pg) -> str:
+    return _c10d()._get_process_group_name(pg)
+
+
+def _keep(d: dict, key, value) -> None:
+    d[key] = value
+    if len(d) > KEEP:
+        del d[next(iter(d))]
+
+
+def _op_of(group: str, tag: int) -> int | None:
+    """The sequence number of the group's collective with this tag (None: not issued yet)."""
+    import torch._C._distributed_c10d as C
+
+    for e in reversed(pickle.loads(C._dump_fr_trace(True, False, False)).get("entries", [])):
+        if e["process_group"][0] == group and e["collective_seq_id"] == tag + 1:
+            return e["op_id"] - 1
+    return None
+
+
+def _source(members: list[int]) -> int:
+    """The group's mirror source (global rank), as the controller's RealRanks.mirror picks it."""
+    w = len(members)
+    real = [g for g, r in enumerate(members) if r in REAL]
+    src = next((g for g in real if (g + 1) % w not in real), real[0] if real else -1)
+    return members[src] if src >= 0 else -1
+
+
+def _note_input(pg, tensors, op, splits: list[int] | None, seq: int | None = None) -> None:
+    c10d = _c10d()
+    if _source(c10d.get_process_group_ranks(pg)) != int(os.environ["RANK"]):
+        return  # not this group's mirror source
+    data = b"".join(t.detach().contiguous().view(-1).numpy().tobytes() for t in tensors)
+    key = (_name(pg), _seq(pg) if seq is None else seq)
+    coalescing = pg in getattr(c10d._world, "pg_coalesce_state", {})
+    with _lock:
+        old = _inputs.get(key) if coalescing else None  # a coalesced call flattens its tensors, in order
+        _keep(_inputs, key, {
+            "data": (old["data"] if old else b"") + data,
+            "dtype": str(tensors[0].dtype).removeprefix("torch."),
+            "op": getattr(op, "name", "SUM"),
+            "splits": splits,
+        })  # fmt: skip
+
+
+def _note_root(pg, root: int, seq: int | None = None) -> None:
+    with _lock:
+        _keep(_roots, (_name(pg), _seq(pg) if seq is None else seq), root)
+
+
+def _noting(fn, note):
+    """Wrap `fn` so that `note(arguments)` runs first; a failing note never breaks the call."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def noted(*args, **kwargs):
+        try:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            note(bound.arguments)
+        except Exception:
+            pass
+        return fn(*args, **kwargs)
+
+    return noted
+
+
+def _group(a: dict):
+    return a.get("group") or _c10d()._get_default_group()
+
+
+def install(c10d, mirror: bool) -> None:
+    """Wrap c10d's functions as the module loads (before torch.distributed copies them)."""
+
+    def broadcast_root(a):
+        pg = _group(a)
+        src = a.get("group_src")
+        _note_root(pg, src if src is not None else c10d.get_group_rank(pg, a["src"]))
+
+    c10d.broadcast = _noting(c10d.broadcast, broadcast_root)
+    if not mirror:
+        return
+    for name, arg in MIRRORED.items():
+        setattr(c10d, name, _noting(getattr(c10d, name), functools.partial(_mirror_input, name, arg)))
+
+    def reduce_scatter_list(a):  # one allreduce per input tensor, in order
+        pg = _group(a)
+        first = _seq(pg)
+        for i, t in enumerate(a["input_list"]):
+            _note_input(pg, [t], a.get("op"), None, seq=first + i)
+
+    c10d.reduce_scatter = _noting(c10d.reduce_scatter, reduce_scatter_list)
+
+
+def _mirror_input(name: str, arg: str, a: dict) -> None:
+    pg, x = _group(a), a[arg]
+    splits = None
+    if name == "all_to_all":
+        tensors, splits = list(x), [t.numel() * t.element_size() for t in x]
+    elif name == "all_to_all_single":
+        tensors, w = [x], pg.size()
+        row = x[0].numel() * x.element_size() if x.dim() and len(x) else 0
+        given = a.get("input_split_sizes")
+        splits = [s * row for s in given] if given else [x.numel() * x.element_size() // w] * w
+    else:
+        tensors = [x]
+    _note_input(pg, tensors, a.get("op"), splits)
+
+
+def _buckets(tensors, limit: int) -> list[list]:
+    """c10d's take_tensors, which `_broadcast_coalesced` flattens and broadcasts: per
+    dtype, tensors gather until a bucket reaches `limit` bytes; the part-filled buckets
+    follow in the order their dtypes first came."""
+    open_: dict = {}
+    out = []
+    for t in tensors:
+        b = open_.setdefault(t.dtype, [[], 0])
+        b[0].append(t)
+        b[1] += t.numel() * t.element_size()
+        if b[1] >= limit:
+            out.append(b[0])
+            open_[t.dtype] = [[], 0]
+    return out + [b[0] for b in open_.values() if b[0]]
+
+
+def hook_model_sync(dist) -> None:
+    """DDP's construction broadcasts from rank 0 run past c10d's functions: the parameter
+    metadata check (sizes and strides of every parameter, after an allgather of their
+    count) and the state sync (`_broadcast_coalesced`, one broadcast per bucket)."""
+    import torch
+
+    verify, coalesced = dist._verify_params_across_processes, dist._broadcast_coalesced
+
+    def verify_params(process_group, params, *rest):
+        try:
+            seq = _seq(process_group) + 1
+            _note_root(process_group, 0, seq)
+            meta = [x for p in params for x in (*p.shape, *p.stride())]
+            _note_input(process_group, [torch.tensor(meta, dtype=torch.int64)], None, None, seq)
+        except Exception:
+            pass
+        return verify(process_group, params, *rest)
+
+    def broadcast_coalesced(process_group, tensors, buffer_size, src=0, *rest):
+        try:
+            first = _seq(process_group)
+            for i, bucket in enumerate(_buckets(tensors, buffer_size)):
+                _note_root(process_group, src, first + i)
+                _note_input(process_group, bucket, None, None, first + i)
+        except Exception:
+            pass
+        return coalesced(process_group, tensors, buffer_size, src, *rest)
+
+    dist._verify_params_across_processes = verify_params
+    dist._broadcast_coalesced = broadcast_coalesced
+
+
+def hook_ddp(ddp_module) -> None:
+    """DDP models reduce through PyTorch's `allreduce_hook`, which calls the (wrapped)
+    all_reduce: the same bytes on the wire as the C++ reducer's own allreduce."""
+    cls = ddp_module.DistributedDataParallel
+    forward, register = cls.forward, cls.register_comm_hook
+
+    def register_comm_hook(self, state, hook):
+        self._neuronabox_hooked = True
+        return register(self, state, hook)
+
+    def first_forward(self, *args, **kwargs):
+        if not getattr(self, "_neuronabox_hooked", False):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            register_comm_hook(self, self.process_group, allreduce_hook)
+        return forward(self, *args, **kwargs)
+
+    cls.register_comm_hook = register_comm_hook
+    cls.forward = first_forward
+
+
+def root_of(query: dict) -> dict:
+    """A broadcast's root (group rank), for the controller's question by tag."""
+    seq = _op_of(query["pg"], query["tag"])
+    with _lock:
+        root = None if seq is None else _roots.get((query["pg"], seq))
+    return {"q": query["q"], "root": root}
+
+
+def input_of(query: dict, deadline: float) -> dict | None:
+    """The input of the collective with this tag; {"data": None} if nothing was noted
+    (its emulated messages stay zeros); None to ask again later (not issued yet)."""
+    group = query["pg"]
+    seq = _op_of(group, query["tag"])
+    if seq is None:
+        return None if time.monotonic() < deadline else {"q": query["q"], "data": None}
+    with _lock:
+        entry = _inputs.pop((group, seq), None)
+        for k in [k for k in _inputs if k[0] == group and k[1] < seq - STALE]:
+            del _inputs[k]  # nobody asked for these (questions can come out of order: keep the recent)
+    if entry is None:
+        return {"q": query["q"], "data": None}
+    data = base64.b64encode(entry["data"]).decode()
+    return {"q": query["q"], "data": data, "dtype": entry["dtype"], "op": entry["op"], "splits": entry["splits"]}
