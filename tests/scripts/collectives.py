@@ -7,12 +7,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        print(f"CHECK FAILED: {what}", flush=True)
-        sys.exit(1)
+from checks import expect
 
 
 def main() -> None:

@@ -12,16 +12,11 @@ import sys
 
 import torch
 import torch.distributed as dist
+from checks import expect
 
 RANK = WORLD = 0
 REAL: list[int] = []
 MIRROR = os.environ.get("NEURONABOX_DATA") == "mirror"
-
-
-def expect(cond: bool, what: str) -> None:
-    if not cond:
-        print(f"rank {RANK}: CHECK FAILED: {what}", flush=True)
-        sys.exit(1)
 
 
 def source(members) -> int:

@@ -17,15 +17,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from checks import expect
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-
-
-def expect(rank: int, cond: bool, what: str) -> None:
-    if not cond:
-        print(f"rank {rank}: CHECK FAILED: {what}", flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
 
 def main() -> None:
@@ -52,9 +46,9 @@ def main() -> None:
     for step in range(args.steps):
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
-        expect(rank, math.isfinite(loss.item()), f"step {step}: loss {loss.item()}")
+        expect(math.isfinite(loss.item()), f"step {step}: loss {loss.item()}")
         grads = [p.grad.to_local() if p.grad is not None else torch.zeros(0) for p in model.parameters()]
-        expect(rank, all(torch.isfinite(g).all() for g in grads), f"step {step}: non-finite gradient")
+        expect(all(torch.isfinite(g).all() for g in grads), f"step {step}: non-finite gradient")
         for i, g in enumerate(grads):
             had_grad[i] |= bool(g.abs().sum() > 0)
         opt.step()
@@ -63,8 +57,8 @@ def main() -> None:
 
     after = [p.to_local().detach() for p in model.parameters()]
     moved = [not torch.equal(a, b) for a, b in zip(after, before, strict=True)]
-    expect(rank, moved == had_grad, f"shards moved {moved}, shards with a gradient {had_grad}")
-    expect(rank, any(moved), "no local shard moved")
+    expect(moved == had_grad, f"shards moved {moved}, shards with a gradient {had_grad}")
+    expect(any(moved), "no local shard moved")
     print(f"rank {rank}: toy trained", flush=True)
     sys.stdout.flush()
     os._exit(0)  # see collectives.py: stock Gloo teardown aborts now and then

@@ -20,15 +20,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from checks import expect
 
 WIDTH = 16
-
-
-def expect(rank: int, cond: bool, what: str) -> None:
-    if not cond:
-        print(f"rank {rank}: CHECK FAILED: {what}", flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
 
 def main() -> None:
@@ -87,22 +81,22 @@ def main() -> None:
                 dist.recv(dy, nxt, tag=1)
                 outputs[m].backward(dy)
             if prev is not None:
-                expect(rank, torch.isfinite(inputs[m].grad).all(), f"step {step}: non-finite input gradient")
+                expect(torch.isfinite(inputs[m].grad).all(), f"step {step}: non-finite input gradient")
                 dist.send(inputs[m].grad, prev, tag=1)
         for p in block.parameters():
             dist.all_reduce(p.grad, group=dp_group)
             p.grad /= replicas
-            expect(rank, torch.isfinite(p.grad).all(), f"step {step}: non-finite parameter gradient")
+            expect(torch.isfinite(p.grad).all(), f"step {step}: non-finite parameter gradient")
         opt.step()
         opt.zero_grad()
         if last:
             loss = sum(v.item() for v in losses)
-            expect(rank, math.isfinite(loss), f"step {step}: loss {loss}")
+            expect(math.isfinite(loss), f"step {step}: loss {loss}")
             print(f"rank {rank}: stage {stage} replica {replica} step {step} loss {loss:.6f}", flush=True)
 
     moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, block.parameters(), strict=True))
     if last or "NEURONABOX_REAL_RANKS" not in os.environ:
-        expect(rank, moved, f"stage {stage}: parameters did not move")
+        expect(moved, f"stage {stage}: parameters did not move")
     print(f"rank {rank}: stage {stage} toy trained", flush=True)
     sys.stdout.flush()
     os._exit(0)  # see collectives.py: stock Gloo teardown aborts now and then

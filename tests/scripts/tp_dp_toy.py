@@ -20,15 +20,9 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from checks import expect
 
 IN, HIDDEN, OUT = 16, 32, 8
-
-
-def expect(rank: int, cond: bool, what: str) -> None:
-    if not cond:
-        print(f"rank {rank}: CHECK FAILED: {what}", flush=True)
-        sys.stdout.flush()
-        os._exit(1)
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -94,8 +88,8 @@ def main() -> None:
     dp = world // tp
     dp_rank, tp_rank = divmod(rank, tp)
     dp_group, tp_group = groups(args.groups, dp, tp, rank)
-    expect(rank, dist.get_world_size(dp_group) == dp and dist.get_rank(dp_group) == dp_rank, "dp group")
-    expect(rank, dist.get_world_size(tp_group) == tp and dist.get_rank(tp_group) == tp_rank, "tp group")
+    expect(dist.get_world_size(dp_group) == dp and dist.get_rank(dp_group) == dp_rank, "dp group")
+    expect(dist.get_world_size(tp_group) == tp and dist.get_rank(tp_group) == tp_rank, "tp group")
 
     model = ParallelMLP(tp_rank, tp, tp_group)
     before = [p.detach().clone() for p in model.parameters()]
@@ -110,14 +104,14 @@ def main() -> None:
             p.grad /= dp
         opt.step()
         opt.zero_grad()
-        expect(rank, math.isfinite(loss.item()), f"step {step}: loss {loss.item()}")
+        expect(math.isfinite(loss.item()), f"step {step}: loss {loss.item()}")
         seen = [torch.empty(1) for _ in range(tp)]
         dist.all_gather(seen, loss.detach().reshape(1), group=tp_group)
-        expect(rank, all(torch.equal(s, seen[0]) for s in seen), f"step {step}: tp ranks disagree on the loss {seen}")
+        expect(all(torch.equal(s, seen[0]) for s in seen), f"step {step}: tp ranks disagree on the loss {seen}")
         print(f"rank {rank}: dp {dp_rank} tp {tp_rank} step {step} loss {loss.item():.6f}", flush=True)
 
     for name, b, p in zip(("w1", "b1", "w2", "b2"), before, model.parameters(), strict=True):
-        expect(rank, not torch.equal(b, p.detach()), f"{name} did not move")
+        expect(not torch.equal(b, p.detach()), f"{name} did not move")
     print(f"rank {rank}: toy trained", flush=True)
     sys.stdout.flush()
     os._exit(0)  # see collectives.py: stock Gloo teardown aborts now and then
