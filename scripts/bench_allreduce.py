@@ -55,7 +55,7 @@ def all_real(nbytes: int, reps: int) -> float:
     return result(out)["allreduce"]["median_s"]
 
 
-def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[float, float, int]:
+def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3, flags: tuple = ()) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as d:
         trace = Path(d) / "trace.json"
         cmd = [
@@ -69,6 +69,7 @@ def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3) -> tuple[floa
             "zero",
             "--trace",
             str(trace),
+            *flags,
             WORKER,
             "--bytes",
             str(nbytes),
