@@ -1,8 +1,9 @@
 """A small DDP training job on synthetic data: the bundled example.
 
 It is an ordinary script (torchrun runs it unchanged); `--check-grads` also
-verifies, on every step, that DDP's averaged gradient equals what the zero-data
-policy predicts: the sum of the real ranks' own gradients over the world size.
+verifies, on every step, that DDP's averaged gradient equals what the data policy
+predicts: the sum of the real ranks' own gradients over the world size (zeros), plus
+the mirror source's gradient once per emulated rank (mirror).
 """
 
 import argparse
@@ -54,9 +55,12 @@ def main() -> None:
 
 
 def check(model, x, y, rank, world, real_ranks, step) -> None:
-    """The averaged gradient must be sum(real ranks' own gradients) / world."""
+    """The averaged gradient must be (sum of the real ranks' own gradients, plus the
+    mirror source's once per emulated rank under --data mirror) / world."""
     ref = torch.nn.Sequential(*[type(m)(*m.weight.shape[::-1]) if isinstance(m, nn.Linear) else m for m in model])
     ref.load_state_dict(model.state_dict())
+    mirror = os.environ.get("NEURONABOX_DATA") == "mirror"
+    source = next((r for r in real_ranks if (r + 1) % world not in real_ranks), real_ranks[0])
     total = None
     for r in real_ranks:  # recompute each real rank's own batch: same generator seed
         gen = torch.Generator().manual_seed(r)
@@ -65,7 +69,8 @@ def check(model, x, y, rank, world, real_ranks, step) -> None:
             yr = torch.randint(0, 10, (x.shape[0],), generator=gen)
         ref.zero_grad()
         nn.functional.cross_entropy(ref(xr), yr).backward()
-        grads = [p.grad.clone() for p in ref.parameters()]
+        times = 1 + (world - len(real_ranks) if mirror and r == source else 0)
+        grads = [p.grad.clone() * times for p in ref.parameters()]
         total = grads if total is None else [a + b for a, b in zip(total, grads, strict=False)]
     for p, g in zip(model.parameters(), total, strict=False):
         if not torch.allclose(p.grad, g / world, rtol=1e-4, atol=1e-6):

@@ -1,7 +1,10 @@
 """The complete Gloo dialect, end to end: every collective ProcessGroupGloo runs on
 CPU tensors, in the default group and in subgroups, with real ranks anywhere."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import SCRIPTS
@@ -75,3 +78,19 @@ def test_ddp_gradients_follow_the_data_policy(run, data, real, hook, ratio):
     if data == "mirror" and not hook:  # one SGD step on the DDP copy lands where the local copy's does
         gap = float(re.search(r"max \|param - local\| = ([0-9.e+-]+)", res.out).group(1))
         assert gap < 1e-6
+
+
+def test_ddp_bucket_rebuild_with_rank0_emulated(run):
+    """At the second forward DDP's reducer rebuilds its buckets and takes rank 0's (two
+    broadcasts from inside C++). With rank 0 emulated the controller answers with the
+    buckets the real rank computes itself: the same as an all-real run's."""
+    script = str(SCRIPTS / "ddp_rebuild.py")
+    ref = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", script],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"),
+    )  # fmt: skip
+    want = re.search(r"rank 0: rebuilt bucket sizes ([0-9, ]+) loss", ref.stdout)
+    assert want, ref.stdout[-2000:] + ref.stderr[-2000:]
+    res = run("torchrun", "--nnodes", "4", "--real-ranks", "1", script)
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    assert f"rank 1: rebuilt bucket sizes {want.group(1)} loss" in res.out

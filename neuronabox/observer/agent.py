@@ -11,6 +11,7 @@ script; without it the emulation still runs, on the default group only.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import json
@@ -177,9 +178,11 @@ def _hook_steps() -> None:
 
 
 def start() -> None:
-    targets = {C10D: _wrap, "torch.distributed": calls.hook_model_sync}
-    if MIRROR:
-        targets[DDP] = calls.hook_ddp
+    targets = {
+        C10D: _wrap,
+        "torch.distributed": calls.hook_model_sync,
+        DDP: functools.partial(calls.hook_ddp, mirror=MIRROR),
+    }
     for name, wrap in list(targets.items()):
         if name in sys.modules:
             wrap(sys.modules[name])

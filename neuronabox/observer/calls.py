@@ -211,9 +211,10 @@ def hook_model_sync(dist) -> None:
     dist._broadcast_coalesced = broadcast_coalesced
 
 
-def hook_ddp(ddp_module) -> None:
-    """DDP models reduce through PyTorch's `allreduce_hook`, which calls the (wrapped)
-    all_reduce: the same bytes on the wire as the C++ reducer's own allreduce."""
+def hook_ddp(ddp_module, mirror: bool) -> None:
+    """Under mirror, DDP models reduce through PyTorch's `allreduce_hook`, which calls
+    the (wrapped) all_reduce: the same bytes on the wire as the C++ reducer's own
+    allreduce. In both policies, the bucket rebuild at the second forward is noted."""
     cls = ddp_module.DistributedDataParallel
     forward, register = cls.forward, cls.register_comm_hook
 
@@ -221,15 +222,56 @@ def hook_ddp(ddp_module) -> None:
         self._neuronabox_hooked = True
         return register(self, state, hook)
 
-    def first_forward(self, *args, **kwargs):
-        if not getattr(self, "_neuronabox_hooked", False):
+    def forward_noting(self, *args, **kwargs):
+        if mirror and not getattr(self, "_neuronabox_hooked", False):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
             register_comm_hook(self, self.process_group, allreduce_hook)
+        try:
+            _watch_rebuild(self)
+        except Exception:
+            pass
         return forward(self, *args, **kwargs)
 
     cls.register_comm_hook = register_comm_hook
-    cls.forward = first_forward
+    cls.forward = forward_noting
+
+
+def _watch_rebuild(ddp) -> None:
+    """DDP's reducer rebuilds its buckets at the second forward, in the order gradients
+    became ready in the first backward, and takes rank 0's buckets: two broadcasts
+    (the bucket indices with their count, then the bucket sizes) from inside C++. With
+    rank 0 emulated the controller answers with this rank's own: the first forward
+    starts recording the ready order, the second computes the buckets as the reducer
+    does and notes them."""
+    import torch
+    import torch.distributed as dist
+
+    state = getattr(ddp, "_neuronabox_rebuild", None)
+    if state == "noted" or not torch.is_grad_enabled():
+        return
+    if state is None:
+        params, sparse = ddp._build_params_for_reducer()
+        order: list[int] = []
+        hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i)) for i, p in enumerate(params)]
+        ddp._neuronabox_rebuild = (params, sparse, order, hooks)
+        return
+    params, sparse, order, hooks = state
+    for h in hooks:
+        h.remove()
+    ddp._neuronabox_rebuild = "noted"
+    ready = list(dict.fromkeys(order)) + [i for i in range(len(params)) if i not in set(order)]
+    cfg = ddp._bucket_config
+    limits = list(cfg.per_bucket_bytes_caps) if cfg.has_custom_per_bucket_caps else None
+    limits = limits or [cfg.first_bucket_bytes_cap, cfg.bucket_bytes_cap]
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        [params[i] for i in ready], limits, [sparse[i] for i in ready], ready
+    )
+    pg, seq = ddp.process_group, _seq(ddp.process_group)
+    indices = [i for b in buckets for i in b] + [len(buckets)]
+    for k, values in enumerate((indices, [len(b) for b in buckets])):
+        _note_root(pg, 0, seq + k)
+        _note_input(pg, [torch.tensor(values, dtype=torch.int32)], None, None, seq + k)
 
 
 def root_of(query: dict) -> dict:
