@@ -20,7 +20,7 @@ class ObserverHub:
         self.address = self.sock.getsockname()
         self._register, self._unregister = register, unregister
         self.by_rank: dict[int, socket.socket] = {}
-        self._bufs: dict[socket.socket, bytes] = {}
+        self._bufs: dict[socket.socket, bytearray] = {}
         self._rank_of: dict[socket.socket, int] = {}
         self.steps: list[tuple[int, float]] = []
         self.on_reply: Callable[[dict], None] | None = None
@@ -35,12 +35,12 @@ class ObserverHub:
         except BlockingIOError:
             return
         s.setblocking(False)
-        self._bufs[s] = b""
+        self._bufs[s] = bytearray()
         self._register(s, lambda m, s=s: self._read(s))
 
     def _read(self, s: socket.socket) -> None:
         try:
-            data = s.recv(65536)
+            data = s.recv(1 << 20)
         except BlockingIOError:
             return
         except OSError:
@@ -48,8 +48,14 @@ class ObserverHub:
         if not data:
             self._close(s)
             return
-        buf = self._bufs[s] + data
-        *lines, self._bufs[s] = buf.split(b"\n")
+        buf = self._bufs[s]
+        seen = len(buf)
+        buf += data  # in place: a mirrored input is one line of megabytes
+        if b"\n" not in data:
+            return
+        end = buf.rindex(b"\n", seen)
+        lines = bytes(buf[:end]).split(b"\n")
+        del buf[: end + 1]
         for line in lines:
             msg = json.loads(line)
             if "hello" in msg:
