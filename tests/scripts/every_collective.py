@@ -200,6 +200,9 @@ def main() -> None:
     groups = [(dist.new_group(evens), evens), (dist.new_group(odds), odds)]
     no_real = [r for r in world if r not in REAL][:3]
     dist.new_group(no_real)  # no real member: the controller never hears of it
+    # A hashed group name (only members call new_group): every real rank and one emulated.
+    hashed = sorted(set(REAL) | {no_real[0]})
+    groups.append((dist.new_group(hashed, use_local_synchronization=True), hashed))
     for g, members in [(dist.group.WORLD, world)] + groups:
         if RANK not in members or len(members) < 2:
             continue
