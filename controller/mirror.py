@@ -3,21 +3,18 @@ mirror source's input, and a message is the real bytes it builds on with that in
 folded in once per emulated rank on the way, by the collective's reduce op.
 
 Folds run one at a time, in ring order, as Gloo's ranks would apply them, so the
-floating-point result is Gloo's own (k additions are not k x input).
+floating-point result is Gloo's own (k additions are not k x input). torch is
+imported on the first fold: at start-up it would cost the controller (and so every
+run) a second or two before the real ranks can start.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from neuronabox.schedules.gloo import MirrorPlan
 
-DTYPES = {
-    name: getattr(torch, name)
-    for name in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool")
-}
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool")
 
 
 @dataclass
@@ -45,7 +42,9 @@ def fold(base: bytes | None, block: bytes, times: int, op: str, dtype: str) -> b
     """`base` (or nothing) with `block` folded in `times` times by `op`."""
     if times == 0:
         return base if base is not None else bytes(len(block))
-    t = DTYPES[dtype]
+    import torch
+
+    t = getattr(torch, dtype)
     b = torch.frombuffer(bytearray(block), dtype=t) if block else torch.empty(0, dtype=t)
     if base is None:
         acc, times = b.clone(), times - 1

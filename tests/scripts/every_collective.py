@@ -175,6 +175,18 @@ def exchanges(g, members) -> None:
     dist.barrier(group=g)
 
 
+def named_by_hash(g, members) -> None:
+    """A group whose name is a hash of its members: its pairs and records still meet."""
+    t = torch.full((4,), float(RANK + 1))
+    dist.all_reduce(t, group=g)
+    expect(torch.equal(t, torch.full((4,), float(policy_sum(lambda r: r + 1, members)))), "hashed group all_reduce")
+    root = next(r for r in members if r not in REAL)
+    b = torch.full((3,), float(RANK))
+    dist.broadcast(b, src=root, group=g)
+    x_ = who(root, members)
+    expect(torch.equal(b, torch.full((3,), float(x_)) if x_ is not None else torch.zeros(3)), "hashed group broadcast")
+
+
 def objects() -> None:
     objs = [None] * WORLD
     dist.all_gather_object(objs, {"rank": RANK})
@@ -202,13 +214,14 @@ def main() -> None:
     dist.new_group(no_real)  # no real member: the controller never hears of it
     # A hashed group name (only members call new_group): every real rank and one emulated.
     hashed = sorted(set(REAL) | {no_real[0]})
-    groups.append((dist.new_group(hashed, use_local_synchronization=True), hashed))
+    hashed_group = dist.new_group(hashed, use_local_synchronization=True)
     for g, members in [(dist.group.WORLD, world)] + groups:
         if RANK not in members or len(members) < 2:
             continue
         reductions(g, members)
         gathers(g, members)
         exchanges(g, members)
+    named_by_hash(hashed_group, hashed)
     objects()
     print(f"rank {RANK}: all checks passed", flush=True)
     sys.stdout.flush()
