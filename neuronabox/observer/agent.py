@@ -15,7 +15,6 @@ import functools
 import importlib.abc
 import importlib.util
 import json
-import math
 import os
 import socket
 import sys
@@ -103,25 +102,6 @@ def _wrap(c10d) -> None:
         dist.irecv = reporting_irecv
 
 
-def _lookup(query: dict) -> dict:
-    import pickle
-
-    import torch._C._distributed_c10d as c10d
-
-    dump = pickle.loads(c10d._dump_fr_trace(True, False, False))
-    want = f"gloo:{query['kind']}"
-    for entry in reversed(dump.get("entries", [])):
-        name = entry.get("profiling_name", "")
-        if not name.startswith(want) or entry["process_group"][0] != query["pg"]:
-            continue
-        # ProcessGroupGloo's tag counts from 0, the recorder's sequence ids from 1.
-        if entry["collective_seq_id"] == query["tag"] + 1:
-            # A coalesced call flattens its tensors (one dtype) into one buffer.
-            numel = sum(math.prod(size) for size in entry["input_sizes"])
-            return {"q": query["q"], "numel": numel, "dtype": entry["input_dtypes"][0]}
-    return {"q": query["q"], "numel": None}
-
-
 def _serve(host: str, port: int) -> None:
     global _sock
     s = socket.create_connection((host, port), timeout=30)
@@ -146,14 +126,18 @@ def _serve(host: str, port: int) -> None:
         *lines, buf = buf.split(b"\n")
         waiting += [(json.loads(line), time.monotonic() + INPUT_WAIT_S) for line in lines]
         still = []
+        try:
+            entries = calls.flight_records() if waiting else []  # one dump per pass
+        except Exception:
+            entries = []
         for q, deadline in waiting:
             try:
                 if "input" in q:
-                    reply = calls.input_of(q, deadline)
+                    reply = calls.input_of(q, entries, deadline)
                 elif q.get("kind") == "broadcast":
-                    reply = calls.root_of(q)
+                    reply = calls.root_of(q, entries)
                 else:
-                    reply = _lookup(q)
+                    reply = calls.meta_of(q, entries)
             except Exception as exc:  # answer anyway: the controller falls back to the wire, or zeros
                 reply = {"q": q.get("q"), "numel": None, "data": None, "error": str(exc)}
             if reply is None:

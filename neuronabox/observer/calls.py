@@ -21,24 +21,27 @@ from __future__ import annotations
 import base64
 import functools
 import inspect
+import math
 import os
 import pickle
 import sys
 import threading
 import time
 
+from neuronabox.schedules.gloo import RealRanks
+
 _lock = threading.Lock()
 _inputs: dict[tuple[str, int], dict] = {}  # (group, sequence number) -> the input
 _roots: dict[tuple[str, int], int] = {}  # (group, sequence number) -> broadcast root (group rank)
+_sources: dict[str, bool] = {}  # group -> whether this rank is its mirror source
 REAL = {int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "").split(",") if r}
 KEEP = 4096  # notes kept per kind; older ones nobody asked for go
 STALE = 64  # an input noted this many operations before the one asked for is dropped
 
-# c10d function -> the name of its input argument (tensor or list)
+# c10d function -> the name of its input argument (tensor or list); broadcast has its own
 MIRRORED = {
     "all_reduce": "tensor",
     "reduce": "tensor",
-    "broadcast": "tensor",
     "gather": "tensor",
     "all_to_all_single": "input",
     "all_to_all": "input_tensor_list",
@@ -64,28 +67,43 @@ def _keep(d: dict, key, value) -> None:
         del d[next(iter(d))]
 
 
-def _op_of(group: str, tag: int) -> int | None:
-    """The sequence number of the group's collective with this tag (None: not issued yet)."""
+def flight_records() -> list[dict]:
+    """The flight recorder's entries (one dump serves every question of a pass)."""
     import torch._C._distributed_c10d as C
 
-    for e in reversed(pickle.loads(C._dump_fr_trace(True, False, False)).get("entries", [])):
+    return pickle.loads(C._dump_fr_trace(True, False, False)).get("entries", [])
+
+
+def _entry(entries: list[dict], group: str, tag: int) -> dict | None:
+    """The group's collective with this tag (the recorder's ids count from 1, tags from 0)."""
+    for e in reversed(entries):
         if e["process_group"][0] == group and e["collective_seq_id"] == tag + 1:
-            return e["op_id"] - 1
+            return e
     return None
 
 
-def _source(members: list[int]) -> int:
-    """The group's mirror source (global rank), as the controller's RealRanks.mirror picks it."""
-    w = len(members)
-    real = [g for g, r in enumerate(members) if r in REAL]
-    src = next((g for g in real if (g + 1) % w not in real), real[0] if real else -1)
-    return members[src] if src >= 0 else -1
+def _op_of(entries: list[dict], group: str, tag: int) -> int | None:
+    """The sequence number of the group's collective with this tag (None: not issued yet)."""
+    e = _entry(entries, group, tag)
+    return None if e is None else e["op_id"] - 1
+
+
+def _is_source_of(pg) -> bool:
+    """Whether this rank is the group's mirror source: RealRanks.mirror, as the controller
+    picks it (once per group)."""
+    name = _name(pg)
+    mine = _sources.get(name)
+    if mine is None:
+        members = _c10d().get_process_group_ranks(pg)
+        real = RealRanks([g for g, r in enumerate(members) if r in REAL], len(members))
+        mine = _sources[name] = members[real.mirror] == int(os.environ["RANK"])
+    return mine
 
 
 def _note_input(pg, tensors, op, splits: list[int] | None, seq: int | None = None) -> None:
-    c10d = _c10d()
-    if _source(c10d.get_process_group_ranks(pg)) != int(os.environ["RANK"]):
+    if not _is_source_of(pg):
         return  # not this group's mirror source
+    c10d = _c10d()
     data = b"".join(t.detach().contiguous().view(-1).numpy().tobytes() for t in tensors)
     key = (_name(pg), _seq(pg) if seq is None else seq)
     coalescing = pg in getattr(c10d._world, "pg_coalesce_state", {})
@@ -132,6 +150,8 @@ def install(c10d, mirror: bool) -> None:
         pg = _group(a)
         src = a.get("group_src")
         _note_root(pg, src if src is not None else c10d.get_group_rank(pg, a["src"]))
+        if mirror:
+            _mirror_input("broadcast", "tensor", a)
 
     c10d.broadcast = _noting(c10d.broadcast, broadcast_root)
     if not mirror:
@@ -260,7 +280,8 @@ def _watch_rebuild(ddp) -> None:
     for h in hooks:
         h.remove()
     ddp._neuronabox_rebuild = "noted"
-    ready = list(dict.fromkeys(order)) + [i for i in range(len(params)) if i not in set(order)]
+    seen = dict.fromkeys(order)
+    ready = list(seen) + [i for i in range(len(params)) if i not in seen]
     cfg = ddp._bucket_config
     limits = list(cfg.per_bucket_bytes_caps) if cfg.has_custom_per_bucket_caps else None
     limits = limits or [cfg.first_bucket_bytes_cap, cfg.bucket_bytes_cap]
@@ -274,19 +295,29 @@ def _watch_rebuild(ddp) -> None:
         _note_input(pg, [torch.tensor(values, dtype=torch.int32)], None, None, seq + k)
 
 
-def root_of(query: dict) -> dict:
+def meta_of(query: dict, entries: list[dict]) -> dict:
+    """An allreduce's element count and dtype (a coalesced call flattens its tensors,
+    one dtype, into one buffer)."""
+    e = _entry(entries, query["pg"], query["tag"])
+    if e is None or not e.get("profiling_name", "").startswith(f"gloo:{query['kind']}"):
+        return {"q": query["q"], "numel": None}
+    numel = sum(math.prod(size) for size in e["input_sizes"])
+    return {"q": query["q"], "numel": numel, "dtype": e["input_dtypes"][0]}
+
+
+def root_of(query: dict, entries: list[dict]) -> dict:
     """A broadcast's root (group rank), for the controller's question by tag."""
-    seq = _op_of(query["pg"], query["tag"])
+    seq = _op_of(entries, query["pg"], query["tag"])
     with _lock:
         root = None if seq is None else _roots.get((query["pg"], seq))
     return {"q": query["q"], "root": root}
 
 
-def input_of(query: dict, deadline: float) -> dict | None:
+def input_of(query: dict, entries: list[dict], deadline: float) -> dict | None:
     """The input of the collective with this tag; {"data": None} if nothing was noted
     (its emulated messages stay zeros); None to ask again later (not issued yet)."""
     group = query["pg"]
-    seq = _op_of(group, query["tag"])
+    seq = _op_of(entries, group, query["tag"])
     if seq is None:
         return None if time.monotonic() < deadline else {"q": query["q"], "data": None}
     with _lock:
