@@ -115,7 +115,7 @@ class Run:
             raise UsageError(f"--inject {exc}") from None
         real = set(self.real_ranks)
         for m in whatif.mods:
-            if m.what == "straggler" and (m.rank >= self.nnodes * self.nproc or m.rank in real):
+            if m.what == "straggler" and (m.rank >= self.world or m.rank in real):
                 raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None

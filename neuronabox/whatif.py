@@ -7,18 +7,18 @@ One spec is a comma list of key=value, the first pair naming the modifier:
     jitter=200us[,seed=1][,op=KIND]               each released message up to this much later (uniform)
     straggler=rank:5,delay=3ms[,op=KIND]          emulated rank 5 enters every collective late
 
-`op` limits a modifier to one collective kind (allreduce, allgather, broadcast, barrier).
+`op` limits a modifier to one kind of instance: a collective (allreduce, allgather,
+broadcast, barrier, reduce, gather, scatter, alltoall) or a point-to-point send or recv.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+from neuronabox.schedules import KINDS
 from neuronabox.topology import LinkClass
 from neuronabox.topology.presets import parse_latency
-
-KINDS = ("allreduce", "allgather", "broadcast", "barrier")
 
 
 class WhatIfError(ValueError):
@@ -105,9 +105,6 @@ class WhatIf:
 
     def specs(self) -> list[str]:
         return [m.spec for m in self.mods]
-
-    def to_json(self) -> list[dict]:
-        return [asdict(m) for m in self.mods]
 
     def hop(self, kind: str, link: LinkClass) -> LinkClass:
         lat, bw = link.latency, link.bandwidth

@@ -95,6 +95,8 @@ def test_whatif_specs():
     assert (hop.bandwidth, hop.latency) == (pytest.approx(5e8), pytest.approx(2e-6))
     assert w.stragglers("barrier") == {5: pytest.approx(3e-3)}
     assert parse("latency=0").value == 0 and parse("bandwidth=0.25").value == 0.25
+    for kind in ("reduce", "gather", "scatter", "alltoall", "send", "recv"):  # every kind the engine records
+        assert WhatIf.from_specs([f"latency=+1ms,per=collective,op={kind}"]).entry_delay(kind) == pytest.approx(1e-3)
     jitter = WhatIf.from_specs(["jitter=200us,seed=1"])
     draws = [jitter.jitter("allreduce") for _ in range(100)]
     assert all(0 <= d <= 200e-6 for d in draws) and len(set(draws)) > 90
@@ -105,7 +107,7 @@ def test_whatif_specs():
         ("latency=1ms,per=step", "per is hop or collective"),
         ("straggler=rank:5", "needs delay"),
         ("loss=1%", "unknown modifier"),
-        ("latency=1ms,op=alltoall", "op must be one of"),
+        ("latency=1ms,op=all_to_all", "op must be one of"),
     ]:
         with pytest.raises(WhatIfError, match=why):
             parse(bad)

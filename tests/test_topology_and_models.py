@@ -12,6 +12,7 @@ from neuronabox.topology import PRESETS, LinkClass, Topology, TopologyError
 from neuronabox.topology import load as load_topology
 from neuronabox.topology.presets import from_dict, parse_bandwidth, parse_latency
 
+from neuronabox.schedules import COLLECTIVE_KINDS
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
     DisseminationBarrier,
@@ -22,8 +23,6 @@ from neuronabox.schedules.gloo import (
     reduce_geometry,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
-
-KINDS = ("allreduce", "allgather", "broadcast", "barrier", "reduce", "gather", "scatter", "alltoall")
 
 
 def schedule(kind: str, nbytes: int, world: int):
@@ -149,7 +148,7 @@ def slower(t: Topology, latency: float = 1.0, bandwidth: float = 1.0) -> Topolog
 
 
 @pytest.mark.parametrize("model", ["alpha-beta", "collective"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
 def test_models_are_monotone(model, kind):
     """More latency, less bandwidth, a larger world: never faster."""
     base = load_topology("ib-100g").with_nodes(1024, 1)
@@ -187,7 +186,7 @@ def test_alpha_beta_walks_gloos_schedule():
         m.collective_time("allreduce", n, 8)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
 def test_collective_formulas_spread_over_the_schedule(kind):
     """Walking the schedule with the collective model's hop gives the formula's time."""
     t = load_topology("cpu-25gbe").with_nodes(256, 1)

@@ -74,18 +74,15 @@ def from_dict(doc: object, origin: str = "topology") -> Topology:
         raise TopologyError(f"switches: expected a mapping, got {switches!r}")
     for key in set(switches) - {"tiers", "nodes_per_switch"}:
         raise TopologyError(f"switches.{key}: unknown field")
-    try:
-        return Topology(
-            name=str(doc.get("name", origin)),
-            nnodes=doc.get("nodes", 1),
-            ranks_per_node=doc.get("ranks_per_node", 1),
-            intra=_link(links.get("intra"), "links.intra"),
-            inter=_link(links.get("inter"), "links.inter"),
-            nodes_per_switch=switches.get("nodes_per_switch", 32),
-            switch_tiers=switches.get("tiers", 2),
-        )
-    except TopologyError as exc:
-        raise TopologyError(str(exc)) from None
+    return Topology(
+        name=str(doc.get("name", origin)),
+        nnodes=doc.get("nodes", 1),
+        ranks_per_node=doc.get("ranks_per_node", 1),
+        intra=_link(links.get("intra"), "links.intra"),
+        inter=_link(links.get("inter"), "links.inter"),
+        nodes_per_switch=switches.get("nodes_per_switch", 32),
+        switch_tiers=switches.get("tiers", 2),
+    )
 
 
 PRESETS: dict[str, dict] = {
