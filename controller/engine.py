@@ -9,7 +9,7 @@ instance may need (an allreduce's tensor size) is asked for through
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -103,11 +103,11 @@ class Instance:
         self.root_grace: str | None = None  # an ambiguous broadcast root's wait for silent real ranks
         self.first_notice: dict[int, list[tuple[Conn, Event]]] = {}
         self.expect_send: dict[tuple[int, int], deque[Msg]] = {}
-        self.expect_data: dict[tuple[int, int], deque[Msg]] = {}
+        self.expect_data: defaultdict[tuple[int, int], deque[Msg]] = defaultdict(deque)
         self.expect_recv: dict[tuple[int, int], deque[Msg]] = {}
         self.received: dict[SendRef, bytes] = {}
-        self.waiting: dict[SendRef, list[_PendingSend]] = {}
-        self.outq: dict[tuple[int, int], deque[_PendingSend]] = {}
+        self.waiting: defaultdict[SendRef, list[_PendingSend]] = defaultdict(list)
+        self.outq: defaultdict[tuple[int, int], deque[_PendingSend]] = defaultdict(deque)
         self.remaining = 0
         self.boundary = 0
         self.start = time.monotonic()  # the first real frame: the emulated ranks enter now
@@ -423,7 +423,7 @@ class Instance:
             m = self._check_len(conn, posted, ev.length, "sends")
             if posted.nbytes < 0 and self._post_len(posted) < 0:  # its receive waited for this notice
                 self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
-            self.expect_data.setdefault(key, deque()).append(m)
+            self.expect_data[key].append(m)
         elif isinstance(ev, Data):
             q = self.expect_data.get(key)
             if not q:
@@ -454,11 +454,11 @@ class Instance:
             for ref in deps:
                 if ref not in self.received:
                     p.missing += 1
-                    self.waiting.setdefault(ref, []).append(p)
+                    self.waiting[ref].append(p)
             if self.input_state == "asked":
                 p.missing += 1
                 self.input_waiters.append(p)
-            self.outq.setdefault(key, deque()).append(p)
+            self.outq[key].append(p)
             if p.missing == 0:
                 self._flush(conn)
 
@@ -521,7 +521,7 @@ class Instance:
 
     def _mark(self, real: int) -> None:
         now = time.monotonic()
-        self.rank_times.setdefault(real, [now, now])[1] = now
+        self.rank_times[real][1] = now  # feed() saw this rank first
         self.remaining -= 1
         if self.remaining == 0:
             self.engine._complete(self)
@@ -553,8 +553,6 @@ class Engine:
         self.request_meta = request_meta
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
-        self.records: list[InstanceRecord] = []
-        self.boundary_messages = 0
         self.p2p = PointToPoint(self)
 
     def on_event(self, conn: Conn, ev: Event) -> None:
@@ -625,9 +623,7 @@ class Engine:
         )
 
     def publish(self, rec: InstanceRecord) -> None:
-        """A finished instance (or point-to-point message) goes to the counters and the trace."""
-        self.boundary_messages += rec.boundary_messages
-        self.records.append(rec)
+        """A finished instance (or point-to-point message) goes to the controller's records."""
         if self.on_complete:
             self.on_complete(rec)
 

@@ -54,7 +54,7 @@ class ObserverHub:
         if b"\n" not in data:
             return
         end = buf.rindex(b"\n", seen)
-        lines = bytes(buf[:end]).split(b"\n")
+        lines = buf[:end].split(b"\n")  # json takes bytearrays
         del buf[: end + 1]
         for line in lines:
             msg = json.loads(line)

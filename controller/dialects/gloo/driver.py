@@ -257,7 +257,10 @@ class GlooDriver:
         out = entry.out
         while out:
             try:
-                n = entry.sock.sendmsg(list(out)[:IOV_MAX]) if len(out) > 1 else entry.sock.send(out[0])
+                if len(out) > 1:
+                    n = entry.sock.sendmsg(list(itertools.islice(out, IOV_MAX)))
+                else:
+                    n = entry.sock.send(out[0])
             except BlockingIOError:
                 n = 0
             except OSError:
