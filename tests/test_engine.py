@@ -210,6 +210,7 @@ def test_a_wrong_length_names_the_collective_the_pair_and_the_step():
 
 
 def test_an_unknown_collective_names_its_slot_prefix_and_group():
-    side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(9, 2))
-    with pytest.raises(ProtocolError, match=r"slot prefix 9 \(unknown\) #2 on group '0'"):
+    unknown = max(SlotPrefix) + 1
+    side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(unknown, 2))
+    with pytest.raises(ProtocolError, match=rf"slot prefix {unknown} \(unknown\) #2 on group '0'"):
         side.feed(0, 1, side.mirror[(0, 1)].recv_ready(side.slot, 8))

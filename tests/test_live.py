@@ -34,9 +34,13 @@ def test_ddp_example_one_real_rank(run, nnodes, tmp_path):
     assert all(i["boundary_messages"] > 0 for i in data["instances"])
 
 
-@pytest.mark.parametrize("nnodes", [4, 32])
-def test_ddp_example_two_real_ranks(run, nnodes):
-    res = run("torchrun", "--nnodes", str(nnodes), "--nproc-per-node", "2", EXAMPLE, "--steps", "3", "--check-grads")
+@pytest.mark.parametrize("nnodes,data", [(4, "zeros"), (32, "zeros"), (4, "mirror")])
+def test_ddp_example_two_real_ranks(run, nnodes, data):
+    """The example checks every step's averaged gradient against its policy's prediction."""
+    res = run(
+        "torchrun", "--nnodes", str(nnodes), "--nproc-per-node", "2", "--data", data,
+        EXAMPLE, "--steps", "3", "--check-grads",
+    )  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     assert res.out.count("grad check ok") == 6
     assert "real ranks      0, 1" in res.out

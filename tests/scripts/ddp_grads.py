@@ -14,6 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from checks import expect
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -28,8 +29,7 @@ def main() -> None:
     state = {k: v for k, v in local.state_dict().items()}
     kept = all(torch.equal(v, state[k]) for k, v in model.module.state_dict().items())
     print(f"rank {rank}: model kept through DDP construction: {kept}", flush=True)
-    if not kept:
-        os._exit(1)
+    expect(kept, "the model changed in DDP's construction broadcasts")
     if "--own-hook" in sys.argv:  # the script's own comm hook (PyTorch's fp16 compression)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -37,19 +37,15 @@ def main() -> None:
     x, y = torch.randn(16, 32), torch.randn(16, 8)
     for m in (model, local):
         nn.functional.mse_loss(m(x), y).backward()
+    tol = 4e-3 if "--own-hook" in sys.argv else 1e-5  # fp16 on the wire
     ratios = []
     for p, q in zip(model.parameters(), local.parameters(), strict=True):
         a, b = p.grad.double().flatten(), q.grad.double().flatten()
         if b.norm() < 1e-6:
             continue  # no gradient here to compare
         ratios.append((a @ b / (b @ b)).item())  # the multiple of the local gradient
-        tol = 4e-3 if "--own-hook" in sys.argv else 1e-5  # fp16 on the wire
-        if not torch.allclose(p.grad, q.grad * ratios[-1], rtol=tol, atol=tol / 100):
-            print(f"rank {rank}: CHECK FAILED: gradient not a multiple of the local one", flush=True)
-            os._exit(1)
-    if max(ratios) - min(ratios) > tol:
-        print(f"rank {rank}: CHECK FAILED: ratios differ {ratios}", flush=True)
-        os._exit(1)
+        expect(torch.allclose(p.grad, q.grad * ratios[-1], rtol=tol, atol=tol / 100), "gradient not a multiple")
+    expect(bool(ratios) and max(ratios) - min(ratios) <= tol, f"ratios differ {ratios}")
     for m in (model, local):
         torch.optim.SGD(m.parameters(), lr=0.1).step()
     gap = max((p - q).abs().max().item() for p, q in zip(model.parameters(), local.parameters(), strict=True))
