@@ -165,10 +165,15 @@ class RingAllreduce:
         base = rank + (1 if recv else 0)
         return ((base * spr) + t - p) % g.num_segments
 
+    @property
+    def ring_steps(self) -> int:
+        """Steps on the ring: reduce-scatter then allgather."""
+        return 2 * self.geo.phase_steps
+
     def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
         g = self.geo
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
-        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(2 * g.phase_steps))
+        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(self.ring_steps))
         return tuple(Msg(peer, t, n) for t, n in steps if n != 0)
 
     def sends(self, rank: int) -> Sequence[Msg]:
@@ -282,11 +287,9 @@ class RingReduce(RingAllreduce):
         chunk = g.per_rank * g.segment_bytes
         return max(0, min(chunk, g.total - rank * chunk))
 
-    def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
-        g = self.geo
-        peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
-        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(self.gather_step))
-        return tuple(Msg(peer, t, n) for t, n in steps if n != 0)
+    @property
+    def ring_steps(self) -> int:
+        return self.gather_step
 
     def gather_msgs(self, rank: int, recv: bool) -> list[Msg]:
         if self.root is None:
