@@ -3,12 +3,14 @@
 The engine asks for one `Timeline` per collective instance (the schedules' timing
 model, priced by the run's delay model and what-if modifiers); the driver's timers
 write each message at its release time, and the lateness of every timed release is
-kept so a run can say how precise it was.
+kept so a run can say how precise it was. Emulated ranks are charged the local work
+a real rank does (the model's `local_work`, from the topology), so that they keep a
+real rank's pace (DESIGN.md, "Timing semantics").
 """
 
 from __future__ import annotations
 
-from neuronabox.topology import LinkClass
+from neuronabox.topology import HostWork, LinkClass
 
 from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Entry, Timeline, timeline_for
@@ -22,6 +24,7 @@ class ReleaseTiming:
         self.model = model
         self.whatif = whatif or WhatIf()
         self.modeled = modeled_boundary
+        self.work: HostWork = getattr(model, "local_work", HostWork())  # a plugin may not say
         self._hops: dict[tuple, LinkClass] = {}
         self.lateness: list[float] = []
         self.late_count = 0
@@ -47,7 +50,7 @@ class ReleaseTiming:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         entry = Entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind))
-        return timeline_for(schedule, hop, entry, real, self.modeled)
+        return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(self.work))
 
     def predicted(self, kind: str, nbytes: int, schedule: Schedule, rank: int) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank
@@ -55,17 +58,19 @@ class ReleaseTiming:
         if not self.active:
             return 0.0
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        return schedule.rank_time(hop, rank) + self.whatif.entry_delay(kind)
+        return schedule.rank_time(hop, rank, schedule.edge_work(self.work)) + self.whatif.entry_delay(kind)
 
     def message(self, kind: str, src: int, dst: int, nbytes: int) -> float:
         """One point-to-point message under the model, what-if modifiers included: its
-        path time splits into a latency and a bandwidth that the modifiers scale."""
+        path time splits into a latency and a bandwidth that the modifiers scale; the
+        emulated sender spends one message's work first, as in a pairwise collective."""
         lat = self.model.message_time(src, dst, 0)
         rest = self.model.message_time(src, dst, nbytes) - lat
         bw = nbytes / rest if rest > 0 else float("inf")
         link = self.whatif.hop(kind, LinkClass("message", bw, lat))
         serial = nbytes / link.bandwidth if nbytes else 0.0
-        return link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
+        work = self.work.message
+        return work + link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
 
     def jitter(self, kind: str) -> float:
         return self.whatif.jitter(kind)

@@ -6,7 +6,10 @@ user's package can add one: a class taking the run's `Topology` that answers
 - `message_time(src, dst, nbytes)`: one message on the path between two ranks;
 - `hop(kind, nbytes, world, schedule)`: the link every hop of a collective instance
   is priced at (the release-time scheduler walks the schedule with it);
-- `collective_time(kind, nbytes, world, schedule)`: the instance's predicted time.
+- `collective_time(kind, nbytes, world, schedule)`: the instance's predicted time;
+- `local_work`: the `HostWork` a rank spends on its own (per-message software cost,
+  reduction), which release times charge every emulated rank: the topology's
+  `work` for the built-in models, none for `zero` (a model without it: none).
 
 Models sit below the schedules: the caller passes the instance's schedule, whose
 `free_time(link)` walks the library's algorithm with every rank emulated.
@@ -17,7 +20,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Protocol
 
-from neuronabox.topology import LinkClass, Topology
+from neuronabox.topology import HostWork, LinkClass, Topology
 
 GROUP = "neuronabox.delay_models"
 FREE = LinkClass("free", float("inf"), 0.0)
@@ -39,6 +42,11 @@ class DelayModel(Protocol):
         total for allgather) over the first `world` ranks."""
         ...
 
+    @property
+    def local_work(self) -> HostWork:
+        """What one rank spends on its own, which emulated ranks are charged (optional)."""
+        ...
+
 
 def path_time(topology: Topology, src: int, dst: int, nbytes: int) -> float:
     """Alpha-beta on a path: every link adds its latency; the bytes move at the
@@ -53,6 +61,11 @@ class WalksSchedule:
     """For models that price an instance by walking its schedule with their `hop`."""
 
     name = "model"
+    topology: Topology
+
+    @property
+    def local_work(self) -> HostWork:
+        return self.topology.work
 
     def collective_time(self, kind: str, nbytes: int, world: int, schedule=None) -> float:
         if world <= 1:

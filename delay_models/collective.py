@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from neuronabox.topology import LinkClass, Topology
+from neuronabox.topology import HostWork, LinkClass, Topology
 
 from . import FREE, path_time
 
@@ -29,6 +29,10 @@ class CollectiveFormulas:
     def __init__(self, topology: Topology, allreduce: str = "ring") -> None:
         self.topology = topology
         self.allreduce = allreduce
+
+    @property
+    def local_work(self) -> HostWork:
+        return self.topology.work
 
     def _alpha_beta(self, world: int) -> tuple[float, float]:
         t = self.topology

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from neuronabox.topology import LinkClass, Topology
+from neuronabox.topology import HostWork, LinkClass, Topology
 
 from . import FREE
 
@@ -12,6 +12,11 @@ class ZeroDelay:
 
     def __init__(self, topology: Topology | None = None) -> None:
         self.topology = topology
+
+    @property
+    def local_work(self) -> HostWork:
+        """None: zero stays zero, whatever the topology says."""
+        return HostWork()
 
     def message_time(self, src: int, dst: int, nbytes: int) -> float:
         return 0.0

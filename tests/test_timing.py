@@ -5,7 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from neuronabox.topology import LinkClass
+from neuronabox.controller.release import ReleaseTiming
+from neuronabox.delay_models import load as load_model
+from neuronabox.topology import HostWork, LinkClass, Topology
+from neuronabox.topology import load as load_topology
 
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
@@ -14,16 +17,26 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
+    RingReduce,
+    reduce_geometry,
 )
+from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 from neuronabox.schedules.timing import Entry, reference_arrivals, timeline_for
 from neuronabox.whatif import WhatIf, WhatIfError, parse
 
+KINDS = ["allreduce", "reduce", "allgather", "broadcast", "barrier"]  # the kinds `reference_arrivals` evaluates
+
 
 def random_case(rng: random.Random, kind: str):
+    """A random instance: (schedule, hop, entry, real ranks, real boundary sends, work per
+    edge), the work none in some cases and up to a few hops' worth in others."""
     w = rng.randint(2, 24)
     real = RealRanks(rng.sample(range(w), rng.randint(1, min(3, w - 1))), w)
+    nbytes = rng.choice([4, 40, 4000, 3 << 20]) * rng.randint(1, 9)
     if kind == "allreduce":
-        sched = RingAllreduce(RingGeometry.for_tensor(w, rng.choice([4, 40, 4000, 3 << 20]) * rng.randint(1, 9), 4))
+        sched = RingAllreduce(RingGeometry.for_tensor(w, nbytes, 4))
+    elif kind == "reduce":
+        sched = RingReduce(reduce_geometry(w, nbytes, 4), root=rng.randrange(w))
     elif kind == "allgather":
         sched = RingAllgather(w, rng.randint(1, 5000))
     elif kind == "broadcast":
@@ -43,47 +56,187 @@ def random_case(rng: random.Random, kind: str):
             if m.peer not in real:
                 t += rng.uniform(0, 2e-3)
                 sends.append((x, m.step, t))
-    return sched, hop, entry, real, sends
+    work = rng.choice([0.0, rng.uniform(0, 1e-5), rng.uniform(0, 1e-3)])
+    return sched, hop, entry, real, sends, work
 
 
-@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "barrier"])
+def fast_arrivals(sched, hop, entry, real, sends, modeled, work, release=False):
+    """The fast path's arrivals (or releases) at the reference's (emu, step) pairs."""
+    fast = timeline_for(sched, hop, entry, real, modeled, work)
+    for x, step, t in sends:
+        fast.real_sent(x, step, t)
+    keys = sorted(reference_arrivals(sched, hop, entry, real, sends, modeled, work))
+    return {k: (fast.release if release else fast.arrival)(*k) for k in keys}
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_fast_path_equals_reference(kind):
     rng = random.Random(kind)
-    for _ in range(60):
-        sched, hop, entry, real, sends = random_case(rng, kind)
-        modeled = rng.random() < 0.7
-        ref = reference_arrivals(sched, hop, entry, real, sends, modeled)
-        fast = timeline_for(sched, hop, entry, real, modeled)
-        for x, step, t in sends:
-            fast.real_sent(x, step, t)
+    for i in range(60):
+        sched, hop, entry, real, sends, work = random_case(rng, kind)
+        modeled = i % 2 == 0 if i < 8 else rng.random() < 0.7  # both boundary modes, with and without work
+        ref = reference_arrivals(sched, hop, entry, real, sends, modeled, work)
+        fast = fast_arrivals(sched, hop, entry, real, sends, modeled, work)
         for (emu, step), want in sorted(ref.items()):
-            where = (kind, sched.world, real.sorted, emu, step)
-            assert fast.arrival(emu, step) == pytest.approx(want, abs=1e-12), where
+            where = (kind, sched.world, real.sorted, emu, step, work)
+            assert fast[(emu, step)] == pytest.approx(want, abs=1e-12), where
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_work_delays_releases(kind):
+    """No work is the model as it was (the default); more work never releases a message
+    earlier, in either boundary mode."""
+    rng = random.Random(f"work-{kind}")
+    moved = 0
+    for _ in range(30):
+        sched, hop, entry, real, sends, _ = random_case(rng, kind)
+        for modeled in (True, False):
+            base = fast_arrivals(sched, hop, entry, real, sends, modeled, 0.0, release=True)
+            default = timeline_for(sched, hop, entry, real, modeled)
+            for x, step, t in sends:
+                default.real_sent(x, step, t)
+            assert base == {k: default.release(*k) for k in base}
+            small = fast_arrivals(sched, hop, entry, real, sends, modeled, 1e-5, release=True)
+            large = fast_arrivals(sched, hop, entry, real, sends, modeled, 1e-3, release=True)
+            for k in base:
+                assert base[k] <= small[k] <= large[k], (kind, modeled, k)
+            moved += sum(large[k] > base[k] for k in base)
+    assert moved > 30  # the work shows
+
+
+def test_release_keeps_work_at_a_real_boundary():
+    """A real boundary takes the link's cost off the release, never the sender's work:
+    an emulated rank that forwards a real rank's message still works on it first."""
+    w, hop, work = 4, LinkClass("hop", 1e9, 10e-6), 50e-6
+    cases = [  # (schedule, real ranks, emulated rank 1's send to a real rank that forwards real rank 0's)
+        (RingAllgather(w, 1000), [0, 2], 2),  # step 0 from rank 0, forwarded at step 2
+        (BinomialBroadcast(w, 0, 1000), [0, 3], 1),  # the root's bit 0, forwarded at bit 1
+        (DisseminationBarrier(w), [0, 3], 1),  # round 1 waits for rank 0's round 0
+    ]
+    for sched, real, step in cases:
+        name = type(sched).__name__
+        tl = {}
+        for modeled in (True, False):
+            tl[modeled] = timeline_for(sched, hop, Entry(0.0), RealRanks(real, w), modeled, work)
+            tl[modeled].real_sent(0, 0, 1.0)  # long after every entry: the real rank's message decides
+        link = tl[True].boundary_cost(1, step)
+        assert tl[False].boundary_cost(1, step) == link  # the link's cost only
+        assert tl[False].release(1, step) == pytest.approx(1.0 + work), name  # at rank 1 at 1.0: work, then send
+        assert tl[True].release(1, step) == pytest.approx(1.0 + link + work + link), name  # a modeled hop each way
+    lag = timeline_for(PairwiseAlltoall(w, 1000), hop, Entry(0.0), RealRanks([0], w), False, work)
+    assert lag.release(1, 3) == pytest.approx(work + 3 * 1000 / hop.bandwidth)
+
+
+def test_edge_work_follows_the_lockstep_rule():
+    """A ring's edge spans a pace (two steps in flight): two messages, and the reduction of
+    two received segments where the ring reduces (half an allreduce's steps, every
+    reduce step, no allgather step); a tree, a barrier or a pairwise message: one message."""
+    work = HostWork(message=8e-6, reduce_bandwidth=2e9)
+    geo = RingGeometry.for_tensor(8, 64 << 20, 4)
+    seg = geo.segment_bytes / 2e9
+    assert RingAllreduce(geo).edge_work(work) == pytest.approx(2 * (8e-6 + seg / 2))
+    rgeo = reduce_geometry(8, 64 << 20, 4)
+    assert RingReduce(rgeo).edge_work(work) == pytest.approx(2 * (8e-6 + rgeo.segment_bytes / 2e9))
+    assert RingAllgather(8, 1 << 20).edge_work(work) == pytest.approx(2 * 8e-6)
+    assert BinomialBroadcast(8, 0, 1 << 20).edge_work(work) == pytest.approx(8e-6)
+    assert DisseminationBarrier(8).edge_work(work) == pytest.approx(8e-6)
+    assert PairwiseAlltoall(8, 1 << 20).edge_work(work) == pytest.approx(8e-6)
+    assert RootedPairwise("gather", 8, 0, 1 << 20).edge_work(work) == pytest.approx(8e-6)
+    assert RingAllreduce(geo).edge_work(HostWork()) == 0.0
+    assert RingReduce(RingGeometry(1, 8, 2, 4)).edge_work(work) == pytest.approx(2 * 8e-6)  # no ring steps
+
+
+def test_release_timing_charges_the_models_local_work():
+    """ReleaseTiming prices each instance's edges with the model's `local_work` (the
+    topology's); a model that does not say charges none, and zero stays inactive."""
+    work = HostWork(8e-6, 3.2e9)
+    base = load_topology("ib-100g")
+    model = load_model("alpha-beta", Topology(base.name, 8, 1, base.intra, base.inter, work=work))
+    sched = RingAllreduce(RingGeometry.for_tensor(8, 4 << 20, 4))
+    timing = ReleaseTiming(model)
+    tl = timing.timeline("allreduce", 4 << 20, sched, RealRanks([0], 8), 0.0)
+    assert tl.work == sched.edge_work(work) > 0
+    hop = timing.hop("allreduce", 4 << 20, 8, sched)
+    assert timing.predicted("allreduce", 4 << 20, sched, 0) == pytest.approx(
+        sched.rank_time(hop, 0, sched.edge_work(work))
+    )
+    assert timing.predicted("allreduce", 4 << 20, sched, 0) > sched.rank_time(hop, 0)
+
+    class Plugin:  # a third-party model without `local_work`
+        name = "plugin"
+
+        def hop(self, kind, nbytes, world, schedule):
+            return LinkClass("hop", 1e9, 1e-6)
+
+    assert ReleaseTiming(Plugin()).timeline("allreduce", 4 << 20, sched, RealRanks([0], 8), 0.0).work == 0.0
+    zero = ReleaseTiming(load_model("zero", base))
+    assert not zero.active and zero.work == HostWork()
+
+
+@pytest.mark.parametrize("kind", ["broadcast", "barrier", "gather", "scatter", "alltoall"])
+def test_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
+    """`rank_time` and `free_time` with work are the timelines' arrivals at each rank when
+    the one real rank is punctual (it sends as soon as an emulated rank would: a
+    broadcast's leaf, which sends nothing; a barrier rank that works as emulated ones
+    do; a pairwise rank, whose message depends on nothing, priced as emulated)."""
+    hop, work = LinkClass("hop", 1e9, 20e-6), 7e-6
+    for w in (2, 3, 8, 13):
+        x = 0
+        if kind == "broadcast":
+            sched, x = BinomialBroadcast(w, w // 2, 5000), (w // 2 - 1) % w  # vrank W-1: a leaf
+        elif kind == "barrier":
+            sched = DisseminationBarrier(w)
+        elif kind == "alltoall":
+            sched = PairwiseAlltoall(w, 5000)
+        else:
+            sched = RootedPairwise(kind, w, w - 1, 5000)
+        tl = timeline_for(sched, hop, Entry(0.0), RealRanks([x], w), True, work)
+        sent_x, ready = {}, 0.0
+        for m in sched.sends(x) if kind == "barrier" else ():  # round k waits for round k-1's receive
+            sent_x[m.step] = ready + hop.latency
+            tl.real_sent(x, m.step, ready)
+            ready = max(ready, tl.arrival((x - (1 << m.step)) % w, m.step) + work)
+        arrivals: dict[int, float] = {}
+        for r in range(w):
+            for m in sched.sends(r):
+                t = sent_x[m.step] if m.step in sent_x and r == x else tl.arrival(r, m.step)
+                arrivals[m.peer] = max(arrivals.get(m.peer, 0.0), t)
+        for r in arrivals:
+            assert arrivals[r] == pytest.approx(sched.rank_time(hop, r, work), rel=1e-12), (kind, w, r)
+        assert max(arrivals.values()) == pytest.approx(sched.free_time(hop, work), rel=1e-12), (kind, w)
+
+
+@pytest.mark.parametrize("work", [0.0, 30e-6])
 @pytest.mark.parametrize("kind", ["allreduce", "allgather"])
-def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
+def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind, work):
     """A real rank that runs Gloo's program at once (a step's send leaves when the
-    receives up to two steps back are in) ends when `rank_time` says, small tensors
-    in large worlds included, whose last segments are empty."""
+    receives up to two steps back are in and worked on, as an emulated rank's would)
+    ends when `rank_time` says, small tensors in large worlds included, whose last
+    segments are empty; the last step's arrival is `free_time`."""
     rng = random.Random(7)
     hop = LinkClass("hop", 1e9, 20e-6)
+    checked = 0
     for w in (2, 5, 16, 33, 100):
         if kind == "allreduce":
             sched = RingAllreduce(RingGeometry.for_tensor(w, rng.choice([8, 400, 4096, 5 << 20]), 4))
         else:
             sched = RingAllgather(w, rng.choice([2, 4096]))
         r = rng.randrange(w)
-        tl = timeline_for(sched, hop, Entry(0.0), RealRanks([r], w))
+        tl = timeline_for(sched, hop, Entry(0.0), RealRanks([r], w), work=work)
         sends = {m.step for m in sched.sends(r)}
         recvs = {m.step: m.peer for m in sched.recvs(r)}
         arrived: dict[int, float] = {}
         for t in range(max(sends | set(recvs)) + 1):
             if t in sends:
-                tl.real_sent(r, t, max([0.0] + [a for s, a in arrived.items() if s <= t - 2]))
+                tl.real_sent(r, t, max([0.0] + [a + work for s, a in arrived.items() if s <= t - 2]))
             if t in recvs:
                 arrived[t] = tl.arrival(recvs[t], t)
-        assert max(arrived.values()) == pytest.approx(sched.rank_time(hop, r), rel=1e-9), (w, r)
+        assert max(arrived.values()) == pytest.approx(sched.rank_time(hop, r, work), rel=1e-9), (w, r)
+        final = sched.ring_steps - 1 if kind == "allreduce" else 2 * (w - 1) - 1
+        if final in arrived:  # the ring's last step is not empty
+            assert arrived[final] == pytest.approx(sched.free_time(hop, work), rel=1e-9), (w, r)
+            checked += 1
+    assert checked
 
 
 def test_whatif_specs():

@@ -8,7 +8,7 @@ from conftest import ROOT
 from neuronabox.delay_models import available, load
 from neuronabox.delay_models.collective import CollectiveFormulas
 from neuronabox.delay_models.packet import Flow
-from neuronabox.topology import PRESETS, LinkClass, Topology, TopologyError
+from neuronabox.topology import PRESETS, HostWork, LinkClass, Topology, TopologyError
 from neuronabox.topology import load as load_topology
 from neuronabox.topology.presets import from_dict, parse_bandwidth, parse_latency
 
@@ -130,6 +130,56 @@ def test_topology_file_and_cli(tmp_path):
     f.write_text("links:\n  intra: {bandwidth: 10GB/s, latency: 1us}\n  inter: {bandwidth: 10, latency: 20us}\n")
     bad = show()
     assert bad.returncode == 2 and "links.inter.bandwidth" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
+LINKS = "links:\n  intra: {bandwidth: 10GB/s, latency: 1us}\n  inter: {bandwidth: 10Gb/s, latency: 20us}\n"
+
+
+def test_local_work_in_a_topology_file(tmp_path):
+    """`local_work` reads back from YAML, survives resizing, shows in `describe`; presets have none."""
+    f = tmp_path / "lab.yaml"
+    f.write_text(LINKS + "local_work: {message: 8us, reduce: 3.2GB/s}\n")
+    t = load_topology(str(f))
+    assert (t.work.message, t.work.reduce_bandwidth) == (pytest.approx(8e-6), 3.2e9)
+    assert t.work.reduce_per_byte == pytest.approx(1 / 3.2e9)
+    assert t.with_nodes(64, 2).work == t.work
+    assert "  local work       8 us per message, reduce 3.2 GB/s" in t.describe().splitlines()
+    f.write_text(LINKS + "local_work: {message: 5us}\n")
+    only = load_topology(str(f)).work
+    assert (only.message, only.reduce_per_byte) == (pytest.approx(5e-6), 0.0)
+    f.write_text(LINKS + "local_work: {reduce: 800MB/s}\n")
+    assert load_topology(str(f)).work == HostWork(0.0, 800e6)
+    f.write_text(LINKS)
+    assert load_topology(str(f)).work == HostWork() and "local work" not in load_topology(str(f)).describe()
+    for name in PRESETS:
+        assert load_topology(name).work == HostWork() and not load_topology(name).work.any()
+
+
+@pytest.mark.parametrize(
+    "local_work,field",
+    [
+        ("{message: fast}", "local_work.message"),
+        ("{message: 8}", "local_work.message"),
+        ("{reduce: 3.2}", "local_work.reduce"),
+        ("{reduce: 0GB/s}", "local_work.reduce"),
+        ("{message: 8us, copy: 1GB/s}", "local_work.copy"),
+        ("8us", "local_work"),
+    ],
+)
+def test_invalid_local_work_names_the_field(tmp_path, local_work, field):
+    f = tmp_path / "lab.yaml"
+    f.write_text(LINKS + f"local_work: {local_work}\n")
+    with pytest.raises(TopologyError, match=rf"{field}[:.]"):
+        load_topology(str(f))
+
+
+@pytest.mark.parametrize("model", ["alpha-beta", "collective", "packet", "zero"])
+def test_models_expose_the_topologys_local_work(model):
+    """Release times charge the model's `local_work`: the topology's, none under `zero`."""
+    work = HostWork(8e-6, 3.2e9)
+    base = load_topology("ib-100g")
+    t = Topology(base.name, 4, 1, base.intra, base.inter, work=work)
+    assert load(model, t).local_work == (HostWork() if model == "zero" else work)
 
 
 def test_models_are_found_through_entry_points():

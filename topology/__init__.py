@@ -7,7 +7,7 @@ that path into time.
 
 from __future__ import annotations
 
-from .model import LinkClass, Topology, TopologyError
+from .model import HostWork, LinkClass, Topology, TopologyError
 from .presets import PRESETS, load
 
-__all__ = ["LinkClass", "Topology", "TopologyError", "PRESETS", "load"]
+__all__ = ["HostWork", "LinkClass", "Topology", "TopologyError", "PRESETS", "load"]

@@ -7,6 +7,13 @@
       intra: {bandwidth: 900GB/s, latency: 2us}
       inter: {bandwidth: 400Gb/s, latency: 3us}
     switches: {tiers: 2, nodes_per_switch: 32}
+    local_work: {message: 8us, reduce: 3.2GB/s}   # optional; both keys optional
+
+`local_work` is what one rank spends on its own, which emulated ranks are charged
+so they keep a real rank's pace: `message`, the software cost of one message (its
+send and receive together), and `reduce`, the rate at which a rank folds a
+received segment into its own (left out: free). Presets have none; calibrate it
+from a real rank.
 
 Bandwidths take b/s or B/s with k, M, G, T prefixes ("25Gbps", "100Gb/s",
 "900GB/s"); latencies take ns, us, ms or s.
@@ -14,10 +21,11 @@ Bandwidths take b/s or B/s with k, M, G, T prefixes ("25Gbps", "100Gb/s",
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
-from .model import LinkClass, Topology, TopologyError
+from .model import HostWork, LinkClass, Topology, TopologyError
 
 _BW = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKMGT]?)(b|B)(?:ps|/s)\s*$")
 _LAT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ns|us|ms|s)\s*$|^\s*(0)\s*$")  # zero needs no unit
@@ -58,10 +66,23 @@ def _link(spec: object, field: str) -> LinkClass:
     )
 
 
+def _work(spec: object) -> HostWork:
+    if spec is None:
+        return HostWork()
+    if not isinstance(spec, dict):
+        raise TopologyError(f"local_work: expected a mapping with message and/or reduce, got {spec!r}")
+    for key in sorted(set(spec) - {"message", "reduce"}):
+        raise TopologyError(f"local_work.{key}: unknown field (message, reduce)")
+    return HostWork(
+        parse_latency(spec["message"], "local_work.message") if "message" in spec else 0.0,
+        parse_bandwidth(spec["reduce"], "local_work.reduce") if "reduce" in spec else math.inf,
+    )
+
+
 def from_dict(doc: object, origin: str = "topology") -> Topology:
     if not isinstance(doc, dict):
         raise TopologyError(f"{origin}: expected a mapping at the top level")
-    unknown = set(doc) - {"name", "nodes", "ranks_per_node", "links", "switches"}
+    unknown = set(doc) - {"name", "nodes", "ranks_per_node", "links", "switches", "local_work"}
     if unknown:
         raise TopologyError(f"{sorted(unknown)[0]}: unknown field")
     links = doc.get("links")
@@ -82,6 +103,7 @@ def from_dict(doc: object, origin: str = "topology") -> Topology:
         inter=_link(links.get("inter"), "links.inter"),
         nodes_per_switch=switches.get("nodes_per_switch", 32),
         switch_tiers=switches.get("tiers", 2),
+        work=_work(doc.get("local_work")),
     )
 
 

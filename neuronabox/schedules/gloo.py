@@ -79,6 +79,17 @@ class Link(Protocol):
     bandwidth: float
 
 
+class Work(Protocol):
+    """What a rank spends on its own (topology.HostWork): `message` seconds per message
+    (send and receive together), `reduce_per_byte` seconds per received byte it reduces."""
+
+    @property
+    def message(self) -> float: ...
+
+    @property
+    def reduce_per_byte(self) -> float: ...
+
+
 class Schedule(Protocol):
     world: int
     kind: str
@@ -94,11 +105,17 @@ class Schedule(Protocol):
         bytes it carries, concatenated; None: zeros)."""
         ...
 
-    def free_time(self, hop: Link) -> float:
-        """Seconds the instance takes when every rank is emulated and every hop costs `hop`."""
+    def edge_work(self, work: Work) -> float:
+        """Seconds of local work an emulated rank spends between a receive and the send
+        that depends on it: one edge of the timing DAG (schedules.timing)."""
         ...
 
-    def rank_time(self, hop: Link, rank: int) -> float:
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """Seconds the instance takes when every rank is emulated, every hop costs `hop`
+        and every edge `work` (from `edge_work`)."""
+        ...
+
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
         """Seconds from entry until `rank` is done, every rank emulated."""
         ...
 
@@ -233,15 +250,27 @@ class RingAllreduce:
         serialized on the link (2 x segment / bandwidth)."""
         return hop.latency + 2 * self.geo.segment_bytes / hop.bandwidth
 
-    def free_time(self, hop: Link) -> float:
-        """The instance's time with every rank emulated: 2P steps, two per pace."""
-        return self.geo.phase_steps * self.pace(hop)
+    def edge_work(self, work: Work) -> float:
+        """One edge per pace covers the two steps in flight: two messages, and the
+        reduction of two received segments on the ring's reducing share of its steps."""
+        steps = self.ring_steps
+        reduced = self.reducing_steps / steps if steps else 0.0
+        return self.steps_per_pace * (work.message + reduced * self.geo.segment_bytes * work.reduce_per_byte)
 
-    def rank_time(self, hop: Link, rank: int) -> float:
+    def _arrival(self, hop: Link, step: int, work: float) -> float:
+        """When the receive of `step` arrives, every rank emulated: step//2 edges, then one hop."""
+        return (step // 2 + 1) * self.pace(hop) + step // 2 * work
+
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """The instance's time with every rank emulated: 2P steps, two per pace."""
+        steps = self.ring_steps
+        return self._arrival(hop, steps - 1, work) if steps else 0.0
+
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
         """When `rank`'s last receive arrives: a rank whose last segments are empty (a
         small tensor in a large world) is done before the instance is."""
         recvs = self.recvs(rank)
-        return (recvs[-1].step // 2 + 1) * self.pace(hop) if recvs else 0.0
+        return self._arrival(hop, recvs[-1].step, work) if recvs else 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -335,13 +364,14 @@ class RingReduce(RingAllreduce):
         x, d = real.above(rank)
         return MirrorPlan(tuple(refs) or None, d, rank * self.geo.per_rank * self.geo.segment_bytes)
 
-    def free_time(self, hop: Link) -> float:
-        """The ring, then W-1 chunks into the root's link."""
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """The ring (one edge per pace), then W-1 chunks into the root's link."""
         chunk = self.geo.per_rank * self.geo.segment_bytes
-        return self.gather_step / 2 * self.pace(hop) + hop.latency + (self.world - 1) * chunk / hop.bandwidth
+        ring = self.gather_step / 2 * (self.pace(hop) + work)
+        return ring + hop.latency + (self.world - 1) * chunk / hop.bandwidth
 
-    def rank_time(self, hop: Link, rank: int) -> float:
-        return self.free_time(hop)
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
+        return self.free_time(hop, work)
 
 
 # ---------------------------------------------------------------------------
@@ -374,14 +404,22 @@ class RingAllgather:
     def recvs(self, rank: int) -> list[Msg]:
         return self._msgs(rank, recv=True)
 
+    steps_per_pace = 2
+
     def pace(self, hop: Link) -> float:
         return hop.latency + 2 * self.chunks[1] / hop.bandwidth
 
-    def free_time(self, hop: Link) -> float:
-        return (self.world - 1) * self.pace(hop)
+    def edge_work(self, work: Work) -> float:
+        """Two messages per pace, as in the allreduce; a gathered block is copied, not reduced."""
+        return self.steps_per_pace * work.message
 
-    def rank_time(self, hop: Link, rank: int) -> float:
-        return self.free_time(hop) if self.recvs(rank) else 0.0
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """W-1 paces: the last of 2(W-1) steps arrives after W-2 edges."""
+        paces = self.world - 1
+        return paces * self.pace(hop) + max(paces - 1, 0) * work
+
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
+        return self.free_time(hop, work) if self.recvs(rank) else 0.0
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         x, d = real.below(rank)
@@ -442,23 +480,32 @@ class BinomialBroadcast:
         """1-based position of the send at `bit` among `rank`'s sends (they share its link)."""
         return bit - (self._v(rank).bit_length() - 1)
 
-    def free_time(self, hop: Link) -> float:
-        """Vrank v gets the data after popcount(v) hops and bitlen(v) messages' worth of
-        serialization (the k-th send of a rank waits for the k-1 before it on its link);
-        the instance ends when the costliest vrank has it."""
+    def edge_work(self, work: Work) -> float:
+        """A node forwards what it received: one message's cost, nothing reduced."""
+        return work.message
+
+    def _arrival(self, hop: Link, v: int, work: float) -> float:
+        """When vrank v > 0 gets the data: popcount(v) hops, bitlen(v) messages' worth of
+        serialization (the k-th send of a rank waits for the k-1 before it on its link),
+        and the work of the popcount(v)-1 forwarders on the way."""
+        hops = bin(v).count("1")
+        return hops * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth + (hops - 1) * work
+
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """The instance ends when the costliest vrank has the data."""
         if self.world < 2:
             return 0.0
         top = self.world - 1
         # The most set bits below `top`: top itself, or top with one set bit cleared and every bit under it set.
         cands = [top] + [(top & ~((2 << i) - 1)) | ((1 << i) - 1) for i in range(top.bit_length()) if top >> i & 1]
-        return max(bin(v).count("1") * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth for v in cands)
+        return max(self._arrival(hop, v, work) for v in cands)
 
-    def rank_time(self, hop: Link, rank: int) -> float:
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
         """A receiver: when the data reaches it; the root: when its last send has left."""
         v = self._v(rank)
         if v == 0:
             return len(self.sends(rank)) * self.nbytes / hop.bandwidth
-        return bin(v).count("1") * hop.latency + v.bit_length() * self.nbytes / hop.bandwidth
+        return self._arrival(hop, v, work)
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         node = rank
@@ -494,11 +541,16 @@ class DisseminationBarrier:
     def recvs(self, rank: int) -> list[Msg]:
         return [Msg((rank - (1 << k)) % self.world, k, 0) for k in range(self.rounds)]
 
-    def free_time(self, hop: Link) -> float:
-        return self.rounds * hop.latency
+    def edge_work(self, work: Work) -> float:
+        """A round's send waits for the previous round's receive: one message's cost."""
+        return work.message
 
-    def rank_time(self, hop: Link, rank: int) -> float:
-        return self.free_time(hop)
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        """`rounds` hops, with an edge between each two."""
+        return self.rounds * hop.latency + max(self.rounds - 1, 0) * work
+
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
+        return self.free_time(hop, work)
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         # Rank x is in the causal past of (rank, round k) through its send at round

@@ -9,12 +9,13 @@ covers alltoallv's uneven (even zero-length) splits.
 
 Timing: a rank's sends leave one after another on its link, and a root's
 receives arrive one after another on its link (incast), so the k-th message of
-a rank costs latency + k x bytes / bandwidth.
+a rank costs latency + k x bytes / bandwidth, after the sender's software cost
+of one message (`edge_work`).
 """
 
 from __future__ import annotations
 
-from .gloo import Link, MirrorPlan, Msg, RealRanks, SendRef
+from .gloo import Link, MirrorPlan, Msg, RealRanks, SendRef, Work
 
 WIRE = -1  # a length the real rank's notice tells
 
@@ -29,11 +30,16 @@ class _Pairwise:
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
         return [], None  # an emulated rank's own block: zeros
 
-    def _cost(self, hop: Link, k: int) -> float:
-        return hop.latency + k * self.nbytes / hop.bandwidth
+    def edge_work(self, work: Work) -> float:
+        """Nothing is received before a send: only the message's own software cost."""
+        return work.message
 
-    def free_time(self, hop: Link) -> float:
-        return self._cost(hop, self.world - 1) if self.world > 1 else 0.0
+    def _cost(self, hop: Link, k: int, work: float = 0.0) -> float:
+        """The k-th message on a link: the sender's work, then the link."""
+        return work + hop.latency + k * self.nbytes / hop.bandwidth
+
+    def free_time(self, hop: Link, work: float = 0.0) -> float:
+        return self._cost(hop, self.world - 1, work) if self.world > 1 else 0.0
 
 
 class RootedPairwise(_Pairwise):
@@ -73,8 +79,10 @@ class RootedPairwise(_Pairwise):
         messages one after another in ascending order of the other rank."""
         return self._cost(hop, step + 1)
 
-    def rank_time(self, hop: Link, rank: int) -> float:
-        return self.free_time(hop) if rank == self.root else self._cost(hop, self._index(rank) + 1)
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
+        if rank == self.root:
+            return self.free_time(hop, work)
+        return self._cost(hop, self._index(rank) + 1, work)
 
 
 class PairwiseAlltoall(_Pairwise):
@@ -95,5 +103,5 @@ class PairwiseAlltoall(_Pairwise):
     def lag(self, rank: int, step: int, hop: Link) -> float:
         return self._cost(hop, step)
 
-    def rank_time(self, hop: Link, rank: int) -> float:
-        return self.free_time(hop)
+    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
+        return self.free_time(hop, work)

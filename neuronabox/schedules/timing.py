@@ -5,6 +5,10 @@ The model, for one collective instance:
 - every emulated rank enters at the instance's entry time plus its skew (a straggler);
 - every hop of the collective costs the same `Link` (the pace of its slowest link,
   as in the classic analysis of rings and trees);
+- every edge from a receive to the send that depends on it costs the receiving
+  emulated rank `work` seconds of its own (the schedule's `edge_work`: per-message
+  software cost and the reduction of a received segment, calibrated from a real
+  rank); a real rank's own work is in its real times;
 - an emulated rank's program follows the library's: a ring step waits for the
   receive two steps back, a tree node forwards after its receive and serializes its
   sends on its link, a dissemination round waits for the round before;
@@ -52,12 +56,15 @@ class Timeline:
     real rank is itself a cluster link: release when the message would leave.
     """
 
-    def __init__(self, schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True) -> None:
+    def __init__(
+        self, schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
+    ) -> None:
         self.schedule = schedule
         self.hop = hop
         self.entry = entry
         self.real = real
         self.modeled = modeled
+        self.work = work
 
     def real_sent(self, rank: int, step: int, t: float) -> None:
         """Real `rank`'s boundary send of `step` reached the controller at `t`."""
@@ -68,7 +75,8 @@ class Timeline:
         raise NotImplementedError
 
     def boundary_cost(self, emu: int, step: int) -> float:
-        """The modeled time of the boundary hop itself, which a real link would spend."""
+        """The modeled time of the boundary hop itself, which a real link would spend
+        (the link only: the sender's local work stays in the release)."""
         raise NotImplementedError
 
     def release(self, emu: int, step: int) -> float:
@@ -83,17 +91,19 @@ class RingTimeline(Timeline):
     """Rank e at distance j downstream of its nearest real rank x (the chain x -> ... -> e
     is all emulated) is ready for step t at
 
-        max( T + min(j-1, t//2) c,                         entries of the chain
-             T + skew(q) + (j-i) c,   if j-i <= t//2,      a straggler q at distance i <= j
-             A_x(t - 2j) + (j-1) c )                        the wave from x
+        max( T + min(j-1, t//2) (c+w),                     entries of the chain
+             T + skew(q) + (j-i) (c+w),   if j-i <= t//2,  a straggler q at distance i <= j
+             A_x(t - 2j) + (j-1) (c+w) + w )                the wave from x
 
     where A_x(s) is the latest arrival at x's emulated neighbour of x's sends up to
-    step s. Its message arrives one pace later.
+    step s, and every emulated receiver on the way works w before it sends on. Its
+    message arrives one pace later.
     """
 
     def __init__(self, schedule: RingAllreduce | RingAllgather, *args, **kwargs) -> None:
         super().__init__(schedule, *args, **kwargs)
         self.c = schedule.pace(self.hop)
+        self.edge = self.c + self.work  # one hop, then the receiver's work
         self.up = self.real.above if isinstance(schedule, RingAllreduce) else self.real.below
         self.down = -1 if isinstance(schedule, RingAllreduce) else 1  # where data goes
         self.sent: dict[int, tuple[list[int], list[float]]] = {}
@@ -120,15 +130,15 @@ class RingTimeline(Timeline):
 
     def ready(self, emu: int, step: int) -> float:
         x, j = self.up(emu)
-        c, half = self.c, step // 2
-        t = self.entry.t0 + min(j - 1, half) * c
+        edge, half = self.edge, step // 2
+        t = self.entry.t0 + min(j - 1, half) * edge
         for q, delay in self.stragglers.items():
             i = (q - x) * self.down % self.schedule.world
             if 1 <= i <= j and j - i <= half:  # its late start reaches e after j-i hops
-                t = max(t, self.entry.t0 + delay + (j - i) * c)
+                t = max(t, self.entry.t0 + delay + (j - i) * edge)
         s = step - 2 * j
-        if s >= 0:
-            t = max(t, self._latest(x, s, emu) + (j - 1) * c)
+        if s >= 0:  # x's neighbour works on x's message too
+            t = max(t, self._latest(x, s, emu) + (j - 1) * edge + self.work)
         return t
 
     def arrival(self, emu: int, step: int) -> float:
@@ -139,8 +149,8 @@ class RingTimeline(Timeline):
 
 
 # ---------------------------------------------------------------------------------
-# binomial broadcast: forward after the receive; a rank's k-th send leaves after k
-# messages' worth of bytes on its link
+# binomial broadcast: forward after the receive and its work; a rank's k-th send
+# leaves after k messages' worth of bytes on its link
 # ---------------------------------------------------------------------------------
 class TreeTimeline(Timeline):
     def __init__(self, schedule: BinomialBroadcast, *args, **kwargs) -> None:
@@ -164,7 +174,7 @@ class TreeTimeline(Timeline):
         if t is None:
             t = self.entry.of(rank)
             p = self.schedule.parent(rank)
-            got = self._from(*p) if p is not None else t
+            got = self._from(*p) + self.work if p is not None else t  # a receiver works, then forwards
             if got != NEVER:  # a real parent's send not seen yet: ask again later
                 self._ready[rank] = t = max(t, got)
         return t
@@ -177,7 +187,7 @@ class TreeTimeline(Timeline):
 
 
 # ---------------------------------------------------------------------------------
-# dissemination barrier: round k waits for round k-1's send and receive
+# dissemination barrier: round k waits for round k-1's send and receive (and its work)
 # ---------------------------------------------------------------------------------
 @cache
 def _emulated_hops(world: int, real: tuple[int, ...]) -> np.ndarray:
@@ -198,6 +208,7 @@ class BarrierTimeline(Timeline):
     def __init__(self, schedule: DisseminationBarrier, *args, **kwargs) -> None:
         super().__init__(schedule, *args, **kwargs)
         self.a = self.hop.latency
+        self.edge = self.a + self.work
         self.hops = _emulated_hops(schedule.world, tuple(self.real.sorted))
         self.sent: dict[tuple[int, int], float] = {}
         self.stragglers = {q: d for q, d in self.entry.skew.items() if q not in self.real}
@@ -219,21 +230,21 @@ class BarrierTimeline(Timeline):
         return first, bin(m).count("1")
 
     def ready(self, emu: int, rnd: int) -> float:
-        w, span = self.schedule.world, (1 << rnd) - 1
-        t = self.entry.t0 + int(self.hops[rnd, emu]) * self.a
+        w, span, edge = self.schedule.world, (1 << rnd) - 1, self.edge
+        t = self.entry.t0 + int(self.hops[rnd, emu]) * edge
         for q, delay in self.stragglers.items():
             m = (emu - q) % w
             while m <= span:
                 if m == 0 or self._path(q, m) is not None:
-                    t = max(t, self.entry.t0 + delay + bin(m).count("1") * self.a)
+                    t = max(t, self.entry.t0 + delay + bin(m).count("1") * edge)
                 m += w
         for x in self.real.sorted:
             m = (emu - x) % w
             while 0 < m <= span:
                 path = self._path(x, m)
-                if path is not None:
+                if path is not None:  # x's first receiver works too
                     first, n = path
-                    t = max(t, self.sent.get((x, first), NEVER) + (n - 1) * self.a)
+                    t = max(t, self.sent.get((x, first), NEVER) + self.work + (n - 1) * edge)
                 m += w
         return t
 
@@ -249,27 +260,31 @@ class BarrierTimeline(Timeline):
 # ---------------------------------------------------------------------------------
 class LagTimeline(Timeline):
     """An emulated rank's message depends on no other rank: it arrives `lag` after the
-    sender entered (its place in the sender's or the root's queue on the link)."""
+    sender entered and did the message's work (its place in the sender's or the root's
+    queue on the link)."""
 
     def real_sent(self, rank: int, step: int, t: float) -> None:
         pass
 
     def arrival(self, emu: int, step: int) -> float:
-        return self.entry.of(emu) + self.schedule.lag(emu, step, self.hop)
+        return self.entry.of(emu) + self.work + self.schedule.lag(emu, step, self.hop)
 
     def boundary_cost(self, emu: int, step: int) -> float:
         return self.hop.latency
 
 
-def timeline_for(schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True) -> Timeline:
+def timeline_for(
+    schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
+) -> Timeline:
+    """The instance's timeline; `work`: seconds per edge, the schedule's `edge_work`."""
     if hasattr(schedule, "lag"):
-        return LagTimeline(schedule, hop, entry, real, modeled)
+        return LagTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
-        return RingTimeline(schedule, hop, entry, real, modeled)
+        return RingTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, BinomialBroadcast):
-        return TreeTimeline(schedule, hop, entry, real, modeled)
+        return TreeTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
-        return BarrierTimeline(schedule, hop, entry, real, modeled)
+        return BarrierTimeline(schedule, hop, entry, real, modeled, work)
     raise TypeError(f"no timeline for {type(schedule).__name__}")
 
 
@@ -283,9 +298,11 @@ def reference_arrivals(
     real: RealRanks,
     real_sends: Iterable[tuple[int, int, float]],
     modeled: bool = True,
+    work: float = 0.0,
 ) -> dict[tuple[int, int], float]:
     """Arrival of every emulated rank's send to a real rank, {(emu, step): t}, by
-    evaluating every rank's every step. `real_sends`: (rank, step, t) of real boundary sends."""
+    evaluating every rank's every step. `real_sends`: (rank, step, t) of real boundary
+    sends; `work`: seconds an emulated receiver spends before a send that depends on it."""
     w = schedule.world
     emulated = [e for e in range(w) if e not in real]
     sent = {(x, s): t for x, s, t in real_sends}
@@ -301,9 +318,9 @@ def reference_arrivals(
                 if t >= 2:
                     u = (e + upstream) % w
                     if u in real:
-                        r = max(r, sent.get((u, t - 2), NEVER) + (c if modeled else 0.0))
+                        r = max(r, sent.get((u, t - 2), NEVER) + (c if modeled else 0.0) + work)
                     else:
-                        r = max(r, ready[u][t - 2] + c)
+                        r = max(r, ready[u][t - 2] + c + work)
                 ready[e][t] = r
         for e in emulated:
             for m in schedule.sends(e):
@@ -323,7 +340,7 @@ def reference_arrivals(
                     got = sent.get((parent, bit), NEVER) + (hop.latency + ser if modeled else 0.0)
                 else:
                     got = ready[parent] + hop.latency + schedule.send_index(parent, bit) * ser
-                t = max(t, got)
+                t = max(t, got + work)
             ready[r] = t
         for e in emulated:
             for m in schedule.sends(e):
@@ -337,7 +354,7 @@ def reference_arrivals(
             for e in emulated:
                 u = (e - (1 << k)) % w
                 got = sent.get((u, k), NEVER) + (a if modeled else 0.0) if u in real else ready[u][k] + a
-                ready[e].append(max(ready[e][k], got))
+                ready[e].append(max(ready[e][k], got + work))
         for e in emulated:
             for m in schedule.sends(e):
                 if m.peer in real:
