@@ -22,6 +22,7 @@ class ControllerConfig:
     lazy: bool
     gloo_host: str = "127.0.0.2"
     control_host: str = "127.0.0.1"
+    observer_host: str = "127.0.0.1"  # where real ranks' observers connect (a testbed's own address)
     store_timeout_s: float = 300.0
     ready_file: str = ""
     trace_file: str = ""

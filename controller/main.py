@@ -89,7 +89,7 @@ class Controller:
         self.driver.periodic = self._periodic
         self.driver.on_open = lambda conn: self.driver.engine.on_connected(conn)
         self.conns: dict[tuple[str, int, int], Conn] = {}
-        self.hub = ObserverHub(cfg.control_host, self.driver.register_extra, self.driver.unregister_extra)
+        self.hub = ObserverHub(cfg.observer_host, self.driver.register_extra, self.driver.unregister_extra)
         self.hub.on_reply = self._on_meta_reply
         self.hub.on_lost = self._observer_lost
         self.hub.on_group = self._on_group

@@ -12,6 +12,9 @@ USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [-
        neuronabox status [--address HOST:PORT]
        neuronabox inject [--address HOST:PORT] [--clear] [SPEC ...]
        neuronabox whatif --sweep KEY=V1,V2,... [--with OPTS] [--out PREFIX] [launch flags] -- script.py [args]
+       neuronabox calibrate [--testbed loopback|netns] [--rate RATE] --out FILE.yaml
+       neuronabox validate [torchrun flags] [--real-ranks ...] [--testbed loopback|netns] [--rate RATE]
+                           [--repeat K] [--csv FILE] -- script.py [args]
        neuronabox topology show NAME|FILE"""
 
 
@@ -123,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         return topology_main(rest)
     if cmd == "inject":
         return inject_main(rest)
+    if cmd == "calibrate":
+        from .calibrate import calibrate_main
+
+        return calibrate_main(rest)
+    if cmd == "validate":
+        from .validate import validate_main
+
+        return validate_main(rest)
     if cmd == "whatif":
         from .sweep import sweep_main
 

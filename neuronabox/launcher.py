@@ -23,6 +23,7 @@ from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
+from .testbed import Host, Placement
 from .torchrun_args import LaunchArgs, UsageError, index_list, int_flag, parse
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
@@ -117,6 +118,7 @@ class Run:
         for m in whatif.mods:
             if m.what == "straggler" and (m.rank >= self.world or m.rank in real):
                 raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
+        self.placement = self._placement(args.ours.get("--placement"))
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
@@ -137,12 +139,31 @@ class Run:
             return nodes, []
         return [], ranks
 
+    def _placement(self, path: str | None) -> Placement | None:
+        """Where the real nodes and the controller live on a testbed (`neuronabox validate`
+        writes it); without one, everything runs here on loopback."""
+        if path is None:
+            return None
+        try:
+            placement = Placement.loads(Path(path).read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--placement {path}: not a placement file ({exc})") from None
+        nodes = set(self.real_nodes) | {r // self.nproc for r in self.direct_ranks}
+        missing = sorted(nodes - set(placement.nodes))
+        if missing:
+            raise UsageError(f"--placement {path}: no host for real node {missing[0]}")
+        return placement
+
+    def host_of(self, node: int) -> Host:
+        return self.placement.nodes[node] if self.placement else Host(f"node{node}", self.master_addr)
+
     @property
     def real_ranks(self) -> list[int]:
         return real_ranks_of(self.real_nodes, self.nproc, self.direct_ranks)
 
     # -- children ----------------------------------------------------------------------
     def start_controller(self) -> dict:
+        here = self.placement.controller if self.placement else None  # the launcher runs on the controller's host
         cfg = ControllerConfig(
             nnodes=self.nnodes,
             nproc_per_node=self.nproc,
@@ -151,7 +172,8 @@ class Run:
             master_port=self.master_port,
             run_id=self.run_id,
             lazy=self.lazy,
-            gloo_host=self.args.ours.get("--gloo-host", "127.0.0.2"),
+            gloo_host=here.address if here else self.args.ours.get("--gloo-host", "127.0.0.2"),
+            observer_host=here.address if here else "127.0.0.1",
             ready_file=str(self.dir / "ready.json"),
             trace_file=str(self.dir / "trace.json"),
             observer=self.observer,
@@ -232,11 +254,18 @@ class Run:
                 *passthrough,
                 *self.args.script,
             ]
-            self.torchruns.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+            self.torchruns.append(self.spawn(self.host_of(node), cmd, env))
         for rank in self.direct_ranks:
             self.torchruns.append(
-                subprocess.Popen(self.direct_command(), env=self.direct_env(env, rank), start_new_session=True)
+                self.spawn(self.host_of(rank // self.nproc), self.direct_command(), self.direct_env(env, rank))
             )
+
+    def spawn(self, host: Host, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """A real node's process, on its testbed host when there is one."""
+        if self.placement is None:
+            return subprocess.Popen(cmd, env=env, start_new_session=True)
+        env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
+        return subprocess.Popen(host.command(cmd), env=env, preexec_fn=host.preexec(), start_new_session=True)
 
     def direct_command(self) -> list[str]:
         """The worker command torchrun would run: `python script args`, `python -m mod

@@ -16,6 +16,7 @@ OURS = {
     "--topology",
     "--delay-model",
     "--boundary",
+    "--placement",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}

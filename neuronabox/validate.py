@@ -1,0 +1,376 @@
+"""`neuronabox validate [torchrun flags] [--real-ranks ...] [--testbed loopback|netns]
+[--rate RATE] [--repeat K] -- script.py [args]`
+
+Runs the same script all-real (every rank a process) and emulated (the real ranks
+plus the controller), interleaved K times on one testbed, and reports the error of
+the emulated iteration time against the all-real one: the measuring stick of
+DESIGN.md's "Fidelity". The script prints its own median iteration time
+(`neuronabox-iteration ... rank=R ... median_ms=X`, as the bundled workloads do);
+the rank compared is the first real rank.
+
+On loopback every rank and the controller have a core of their own; on netns every
+node lives in its namespace behind a shaped link with the same CPU quota in both
+runs, and the emulated run puts the controller in its own namespace with
+`--boundary real`. Without `--topology` the testbed is calibrated first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
+from .testbed import Host, Loopback, Netns, Placement, TestbedError, TestbedUnavailable, check_netns_possible
+from .torchrun_args import UsageError, index_list, int_flag, parse
+
+ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
+RUN_TIMEOUT_S = 900
+
+
+@dataclass
+class RunResult:
+    mode: str  # all-real | emulated
+    rep: int
+    median_ms: float
+    seconds: float
+    cpu_per_msg_us: float | None = None  # controller CPU per boundary message (emulated runs)
+    model_interval_us: float | None = None  # the model's time per boundary message
+
+
+@dataclass
+class Job:
+    """The script and the world it runs in; `real_nodes`: the nodes that stay real when emulated."""
+
+    nnodes: int
+    nproc: int
+    real_nodes: list[int]
+    torchrun: list[str]  # the user's other torchrun flags, passed to both runs
+    script: list[str]
+    results: list[RunResult] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        """The rank whose iteration time is compared: the first real rank."""
+        return self.real_nodes[0] * self.nproc
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Job]:
+    if "--" not in argv:
+        raise UsageError("validate needs the script after --")
+    i = argv.index("--")
+    ours, script = argv[:i], argv[i + 1 :]
+    if not script:
+        raise UsageError("no training script given after --")
+    p = argparse.ArgumentParser(
+        prog="neuronabox validate",
+        description="Run a script all-real and emulated, interleaved, and report the iteration-time error.",
+    )
+    add_testbed_flags(p)
+    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions of each run (default 3)")
+    p.add_argument("--real-ranks", help="ranks that stay real in the emulated run (whole nodes; default node 0)")
+    p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
+    p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
+    p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
+    p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: this machine's cores / nodes)")
+    p.add_argument("--csv", default="validate.csv", help="where the per-run results go (default validate.csv)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds one run may take")
+    ns, rest = p.parse_known_args(ours)
+    if ns.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
+    if ns.cpu_share is not None and ns.cpu_share <= 0:
+        raise UsageError(f"--cpu-share must be positive, got {ns.cpu_share}")
+    targs = parse([*rest, "--", *script])
+    if targs.ours or targs.switches or targs.repeated:
+        flag = next(iter([*targs.ours, *targs.switches, *targs.repeated]))
+        raise UsageError(f"{flag} is a `neuronabox torchrun` flag; validate runs the emulation itself")
+    flags = {f for f, _ in targs.torchrun}
+    if not flags & {"-m", "--module", "--no-python", "--no_python"} and not Path(targs.script[0]).is_file():
+        raise UsageError(f"no script {targs.script[0]!r} to run")
+    nnodes = int_flag(targs, ("--nnodes",), 1)
+    nproc = int_flag(targs, ("--nproc-per-node",), 1)
+    if nnodes * nproc < 2:
+        raise UsageError("validate needs a world of at least 2 ranks (--nnodes, --nproc-per-node)")
+    if ns.real_ranks and ns.real_nodes:
+        raise UsageError("give --real-ranks or --real-nodes, not both")
+    if ns.real_ranks:
+        ranks = index_list("--real-ranks", ns.real_ranks, nnodes * nproc, "rank")
+        real_nodes = sorted({r // nproc for r in ranks})
+        if len(ranks) != len(real_nodes) * nproc:
+            raise UsageError("validate places whole nodes: --real-ranks must cover every rank of its nodes")
+    else:
+        real_nodes = index_list("--real-nodes", ns.real_nodes or "0", nnodes, "node")
+    if len(real_nodes) == nnodes:
+        raise UsageError("every node is real: leave at least one node for the controller to emulate")
+    targs.drop("--nnodes", "--nproc-per-node", "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-id")
+    passthrough = [f"{f}={v}" if v is not None else f for f, v in targs.torchrun]
+    if ns.topology and not Path(ns.topology).is_file():
+        from neuronabox import topology
+
+        try:
+            topology.load(ns.topology)
+        except topology.TopologyError as exc:
+            raise UsageError(f"--topology: {exc}") from None
+    return ns, Job(nnodes, nproc, real_nodes, passthrough, targs.script)
+
+
+# ---------------------------------------------------------------------------------
+# one run
+# ---------------------------------------------------------------------------------
+class Runner:
+    """Starts the processes of one run on the testbed's hosts, waits, and stops them all."""
+
+    def __init__(self, job: Job, folder: Path, timeout: float) -> None:
+        self.job = job
+        self.folder = folder
+        self.timeout = timeout
+        self.procs: list[subprocess.Popen] = []
+        self.port = 29400 + os.getpid() % 500
+
+    def next_port(self) -> int:
+        """A fresh store port per run: a namespace's TIME_WAIT sockets keep the last one."""
+        self.port += 1
+        return self.port
+
+    def spawn(self, host: Host, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+        out = open(log, "w")
+        self.procs.append(
+            subprocess.Popen(
+                host.command(cmd),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=host.preexec(),
+                start_new_session=True,
+            )
+        )
+        out.close()
+
+    def wait(self, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                codes = [p.poll() for p in self.procs]
+                bad = [c for c in codes if c not in (None, 0)]
+                if bad:
+                    raise TestbedError(
+                        f"the {what} run failed (a process exited with status {bad[0]}); logs in {self.folder}"
+                    )
+                if all(c == 0 for c in codes):
+                    return
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"the {what} run took longer than {self.timeout:.0f} s; logs in {self.folder}")
+                time.sleep(0.1)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        from .launcher import _stop
+
+        for p in self.procs:
+            _stop(p, grace=3)
+        self.procs.clear()
+
+    def env(self, host: Host) -> dict[str, str]:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def all_real(self, hosts: dict[int, Host], rep: int) -> RunResult:
+        j, port, t0 = self.job, self.next_port(), time.monotonic()
+        logs = []
+        for node, host in hosts.items():
+            log = self.folder / f"rep{rep}-all-real-node{node}.log"
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
+                f"--node-rank={node}", f"--master-addr={hosts[0].address}", f"--master-port={port}",
+                "--rdzv-backend=static", f"--rdzv-id=validate{rep}", *j.torchrun, *j.script,
+            ]  # fmt: skip
+            self.spawn(host, cmd, log, self.env(host))
+            logs.append(log)
+        self.wait("all-real")
+        return RunResult("all-real", rep, iteration_ms(logs, j.rank), time.monotonic() - t0)
+
+    def emulated(self, placement: Placement, topology: str, delay_model: str, rep: int) -> RunResult:
+        j, port, t0 = self.job, self.next_port(), time.monotonic()
+        pfile, trace = self.folder / "placement.json", self.folder / f"rep{rep}-trace.json"
+        pfile.write_text(placement.dumps())
+        master = placement.nodes[0].address if 0 in placement.nodes else placement.controller.address
+        log = self.folder / f"rep{rep}-emulated.log"
+        cmd = [
+            sys.executable, "-m", "neuronabox.cli", "torchrun", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
+            "--real-nodes", ",".join(map(str, j.real_nodes)), "--topology", topology, "--delay-model", delay_model,
+            "--boundary", "real", "--placement", str(pfile), "--master-addr", master, "--master-port", str(port),
+            "--trace", str(trace), *j.torchrun, *j.script,
+        ]  # fmt: skip
+        self.spawn(placement.controller, cmd, log, self.env(placement.controller))
+        self.wait("emulated")
+        result = RunResult("emulated", rep, iteration_ms([log], j.rank), time.monotonic() - t0)
+        result.cpu_per_msg_us, result.model_interval_us = controller_pace(json.loads(trace.read_text()))
+        return result
+
+
+def iteration_ms(logs: list[Path], rank: int) -> float:
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            m = ITERATION.match(line)
+            if m and int(m.group(1)) == rank:
+                return float(m.group(2))
+    raise TestbedError(f"rank {rank} printed no `neuronabox-iteration ... median_ms=` line; logs in {logs[0].parent}")
+
+
+def controller_pace(trace: dict) -> tuple[float | None, float | None]:
+    """(controller CPU per boundary message, the model's time per boundary message), in
+    microseconds, over the run's collectives after the first (start-up) one."""
+    recs = sorted(trace.get("instances", []), key=lambda r: r["end"])
+    if len(recs) < 3:
+        return None, None
+    msgs = sum(r["boundary_messages"] for r in recs[1:])
+    if not msgs:
+        return None, None
+    cpu = recs[-1]["loop_cpu"] - recs[0]["loop_cpu"]
+    model = sum(r.get("predicted", 0.0) for r in recs[1:])
+    return cpu / msgs * 1e6, model / msgs * 1e6
+
+
+# ---------------------------------------------------------------------------------
+# the comparison
+# ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    real: list[float]
+    emulated: list[float]
+
+    @property
+    def error(self) -> float:
+        """Of the medians over the repetitions."""
+        return statistics.median(self.emulated) / statistics.median(self.real) - 1
+
+    @property
+    def pair_errors(self) -> list[float]:
+        """Each repetition's emulated run against its own all-real run: the spread."""
+        return [e / r - 1 for r, e in zip(self.real, self.emulated, strict=True)]
+
+
+def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunResult]) -> str:
+    def ms(xs: list[float]) -> str:
+        return f"{statistics.median(xs):9.2f} ms   [{min(xs):.2f} .. {max(xs):.2f}]"
+
+    errs = cmp.pair_errors
+    emu = [r for r in results if r.mode == "emulated" and r.cpu_per_msg_us is not None]
+    lines = [
+        f"neuronabox validate: {' '.join(job.script)}",
+        f"  world {job.nnodes} x {job.nproc}, real nodes {job.real_nodes}, testbed {ns.testbed}"
+        + (f" at {testbed_rate(ns) / 1e6:g} Mbit/s" if ns.testbed == "netns" else "")
+        + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max])",
+        f"  all-real   {ms(cmp.real)}",
+        f"  emulated   {ms(cmp.emulated)}",
+        f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
+    ]
+    if emu:
+        cpu = statistics.median(r.cpu_per_msg_us for r in emu)
+        interval = statistics.median(r.model_interval_us for r in emu)
+        lines.append(
+            f"  controller {cpu:.1f} us CPU per boundary message; the model's time per message {interval:.1f} us"
+        )
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunResult]) -> None:
+    rate = testbed_rate(ns) if ns.testbed == "netns" else None
+    common = [" ".join(job.script), ns.testbed, f"{rate / 1e6:g}" if rate else "", job.nnodes, job.nproc,
+              ",".join(map(str, job.real_nodes))]  # fmt: skip
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["script", "testbed", "rate_mbit", "nnodes", "nproc", "real_nodes", "rep", "mode", "median_ms",
+                    "controller_cpu_per_msg_us", "model_interval_us", "error_pct"])  # fmt: skip
+        for r in results:
+            w.writerow(
+                [*common, r.rep, r.mode, f"{r.median_ms:.3f}", _opt(r.cpu_per_msg_us), _opt(r.model_interval_us), ""]
+            )
+        w.writerow([*common, "all", "error", "", "", "", f"{cmp.error * 100:.2f}"])
+
+
+def _opt(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}"
+
+
+def validate_main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help") and "--" not in argv:
+        argv = [*argv, "--", "x"]  # argparse prints the help and exits before the script matters
+    try:
+        ns, job = parse_args(argv)
+        rate = testbed_rate(ns)
+        if ns.testbed == "netns":
+            check_netns_possible()
+    except (UsageError, TestbedError) as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    if not Path(ns.csv).resolve().parent.is_dir():
+        print(f"neuronabox: error: --csv: no folder {str(Path(ns.csv).parent)!r} to write into", file=sys.stderr)
+        return 2
+    folder = Path(tempfile.mkdtemp(prefix="neuronabox-validate-"))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C cleans up, even if our parent ignored it
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    runner = Runner(job, folder, ns.timeout)
+    testbed = None
+    try:
+        if ns.testbed == "loopback":
+            testbed = Loopback(job.nnodes, job.nproc, job.real_nodes)
+        topology = ns.topology
+        if topology is None:
+            print(f"calibrating the {ns.testbed} testbed (give --topology to skip)", flush=True)
+            cal = calibrate(ns.testbed, rate)
+            print(cal.report(), flush=True)
+            topology = str(folder / "calibrated.yaml")
+            write_topology(cal, Path(topology))
+        topology = str(Path(topology).resolve()) if Path(topology).is_file() else topology
+        if ns.testbed == "netns":
+            share = ns.cpu_share or len(os.sched_getaffinity(0)) / job.nnodes
+            testbed = Netns(job.nnodes, rate, share)
+        placement = testbed.emulated(job.real_nodes)
+        for rep in range(ns.repeat):
+            # Interleaved, the order flipped every repetition, so a drift of the machine
+            # weighs on both sides alike.
+            order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
+            for mode in order:
+                if mode == "all-real":
+                    res = runner.all_real(testbed.all_real(), rep)
+                else:
+                    res = runner.emulated(placement, topology, ns.delay_model, rep)
+                job.results.append(res)
+                print(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)", flush=True)
+        cmp = Comparison(
+            [r.median_ms for r in job.results if r.mode == "all-real"],
+            [r.median_ms for r in job.results if r.mode == "emulated"],
+        )
+        print(report(job, ns, cmp, job.results))
+        write_csv(Path(ns.csv), job, ns, cmp, job.results)
+        print(f"wrote {ns.csv}")
+        shutil.rmtree(folder, ignore_errors=True)
+        return 0
+    except TestbedUnavailable as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    except TestbedError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"neuronabox: interrupted (logs in {folder})", file=sys.stderr)
+        return 130
+    finally:
+        runner.stop()
+        if testbed is not None:
+            testbed.close()
+        signal.signal(signal.SIGTERM, old)

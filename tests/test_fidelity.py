@@ -1,0 +1,168 @@
+"""`neuronabox calibrate` and `neuronabox validate`, for real: real ranks of the stock
+torch and Gloo on loopback and on a testbed of network namespaces with shaped links.
+
+The netns tests need root (namespaces, tc, cgroups) and skip with that reason
+otherwise; each checks the testbed leaves nothing behind: no namespace, link, qdisc
+or cgroup, on success, on failure and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+from conftest import ROOT, Live, tagged_processes
+from neuronabox.topology import load
+
+from neuronabox.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
+
+MLP = str(ROOT / "examples" / "mlp.py")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or not (CGROUP_CPU / "cpu.cfs_quota_us").exists(),
+    reason="the netns testbed needs root, iproute2 and the cgroup v1 cpu controller",
+)
+
+
+def host_state() -> tuple[str, str, list[str], list[str]]:
+    """What a testbed could leave in the root namespace: links, qdiscs, namespaces, cgroups."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    strip = re.compile(r"(\d+: )|(link/\S+ \S+)|(state \S+)|(qlen \d+)")
+    return (
+        "\n".join(sorted(strip.sub("", ln).split("\\")[0] for ln in links.splitlines())),
+        qdiscs,
+        owned_netns(),
+        [str(p) for p in owned_cgroups()],
+    )
+
+
+def test_help_and_bad_input(run):
+    for cmd in ("calibrate", "validate"):
+        res = run(cmd, "--help", timeout=60)
+        assert res.rc == 0 and "--testbed" in res.out and "--rate" in res.out, res.err
+    cases = [
+        (("validate", "--nnodes", "2"), "needs the script after --"),
+        (("validate", "--nnodes", "2", "--", "no_such_script.py"), "no script 'no_such_script.py'"),
+        (("validate", "--nnodes", "2", "--real-ranks", "0,1", "--", MLP), "every node is real"),
+        (("validate", "--nnodes", "2", "--repeat", "0", "--", MLP), "--repeat must be at least 1"),
+        (("validate", "--nnodes", "2", "--testbed", "netns", "--rate", "fast", "--", MLP), "--rate takes a link rate"),
+        (("validate", "--nnodes", "2", "--data", "mirror", "--", MLP), "--data is a `neuronabox torchrun` flag"),
+        (("calibrate", "--rate", "1gbit", "--out", "x.yaml"), "loopback has no link to shape"),
+        (("calibrate", "--out", "/no/such/folder/x.yaml"), "no folder"),
+    ]
+    for argv, why in cases:
+        res = run(*argv, timeout=60)
+        assert res.rc == 2 and why in res.last_error, (argv, res.err)
+
+
+def test_loopback_refuses_too_few_cores(run):
+    cores = len(os.sched_getaffinity(0))
+    res = run("validate", "--nnodes", str(cores + 1), "--", MLP, timeout=60)
+    assert res.rc == 2
+    assert f"need {cores + 1} cores, this machine has {cores}" in res.last_error
+
+
+def test_rates_parse():
+    assert parse_rate("100mbit") == 100e6 and parse_rate("1gbit") == 1e9 and parse_rate("500Mb/s") == 500e6
+    assert parse_rate("64kbit") == 64e3
+
+
+def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path):
+    """Two ranks each on a core, the paper's setup: calibrate, then one all-real and one
+    emulated run of the MLP, a table and a CSV. The error is whatever it is; the test
+    checks the comparison is made of two real runs of the same rank."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the loopback testbed needs two cores")
+    out = tmp_path / "v.csv"
+    res = run("validate", "--nnodes", "2", "--repeat", "1", "--csv", str(out), "--",
+              MLP, "--steps", "4", "--warmup", "1", "--hidden", "256", timeout=300)  # fmt: skip
+    assert res.rc == 0, res.err[-3000:]
+    assert "calibration on loopback" in res.out and "per message" in res.out
+    table = re.search(r"all-real +([0-9.]+) ms.*\n +emulated +([0-9.]+) ms.*\n +error +([-+0-9.]+)%", res.out)
+    assert table, res.out
+    real, emulated, error = map(float, table.groups())
+    assert real > 0 and emulated > 0 and error == pytest.approx((emulated / real - 1) * 100, abs=0.06)
+    assert "CPU per boundary message" in res.out
+    rows = list(csv.DictReader(out.open()))
+    assert [r["mode"] for r in rows] == ["all-real", "emulated", "error"]
+    assert float(rows[-1]["error_pct"]) == pytest.approx(error, abs=0.06)
+
+
+def test_netns_needs_root(run, tmp_path):
+    argv = ["calibrate", "--testbed", "netns", "--out", str(tmp_path / "x.yaml")]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop to an ordinary user")
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "neuronabox.cli"]
+        proc = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        rc, err = proc.returncode, proc.stderr
+    else:
+        res = run(*argv, timeout=60)
+        rc, err = res.rc, res.err
+    assert rc == 2 and "--testbed netns needs root" in err, err
+
+
+@needs_root
+def test_calibration_recovers_a_shaped_rate_and_leaves_nothing(run, tmp_path):
+    before = host_state()
+    out = tmp_path / "cal.yaml"
+    res = run("calibrate", "--testbed", "netns", "--rate", "100mbit", "--out", str(out), timeout=180)
+    assert res.rc == 0, res.err[-2000:]
+    topo = load(str(out))
+    assert topo.inter.bandwidth * 8 == pytest.approx(100e6, rel=0.10)  # goodput of a 100 Mbit/s link
+    assert topo.work.reduce_bandwidth > 0 and topo.work.message >= 0
+    assert "residual" in res.out and yaml.safe_load(out.read_text())["local_work"]
+    assert host_state() == before
+
+
+@needs_root
+def test_netns_failure_leaves_nothing(run, tmp_path):
+    before = host_state()
+    script = tmp_path / "fails.py"
+    script.write_text("raise SystemExit('a deliberate failure')\n")
+    res = run("validate", "--nnodes", "3", "--testbed", "netns", "--rate", "1gbit", "--topology", "cpu-25gbe",
+              "--csv", str(tmp_path / "v.csv"), "--", str(script), timeout=180)  # fmt: skip
+    assert res.rc == 1 and "the all-real run failed" in res.last_error and "logs in" in res.last_error
+    assert host_state() == before
+
+
+@needs_root
+def test_netns_ctrl_c_leaves_nothing(tmp_path):
+    before = host_state()
+    live = Live("validate", "--nnodes", "3", "--testbed", "netns", "--rate", "1gbit", "--topology", "cpu-25gbe",
+                "--csv", str(tmp_path / "v.csv"), "--", MLP, "--steps", "100000")  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        # The testbed is up once the ranks run inside its namespaces.
+        while not _workers(live):
+            assert time.monotonic() < deadline and live.proc.poll() is None, live.err
+            time.sleep(0.2)
+        assert owned_netns(live.proc.pid), (live.proc.pid, owned_netns())
+        live.proc.send_signal(signal.SIGINT)
+        assert live.finish(timeout=60) == 130
+        assert "interrupted" in live.err
+    finally:
+        live.stop()
+    assert host_state() == before
+
+
+def _workers(live: Live) -> list[psutil.Process]:
+    """The training processes torchrun started (not torchrun itself)."""
+    found = []
+    for p in tagged_processes(live.tag):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if p.pid != live.proc.pid and MLP in cmd and "torch.distributed.run" not in cmd:
+            found.append(p)
+    return found
