@@ -1,0 +1,98 @@
+"""The README's fidelity table: `neuronabox validate` over the validation workloads.
+
+    python scripts/fidelity.py [--only loopback|netns] [--repeat K] [--steps N] [--out DIR]
+
+For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
+rates) it calibrates once, then validates every workload against that topology,
+interleaved K times, and prints one markdown row per case: the all-real and emulated
+medians with their spread, the error of the medians with the per-repetition range,
+and the controller's CPU per boundary message next to the model's time per message
+(where the controller is slower than the network it emulates, the error is the
+controller's: the native data plane's issue). The CSVs stay in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = {
+    "mlp": ["examples/mlp.py"],
+    "cnn": ["examples/cnn.py"],
+    "gpt": ["examples/gpt.py"],
+    "gpt-fsdp": ["examples/gpt.py", "--fsdp"],
+}
+# (testbed, rate, nnodes); loopback pins a core per rank, so W=2 is all two cores allow.
+CASES = [
+    ("loopback", None, 2),
+    ("netns", "1gbit", 4),
+    ("netns", "200mbit", 4),
+    ("netns", "1gbit", 8),
+    ("netns", "200mbit", 8),
+]
+
+
+def nbx(*argv: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "neuronabox.cli", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv[:6])} ... failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return proc
+
+
+def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str) -> str:
+    rows = list(csv.DictReader(path.open()))
+    real = [float(r["median_ms"]) for r in rows if r["mode"] == "all-real"]
+    emu = [float(r["median_ms"]) for r in rows if r["mode"] == "emulated"]
+    errs = [e / r - 1 for r, e in zip(real, emu, strict=True)]
+    err = statistics.median(emu) / statistics.median(real) - 1
+    cpu = [float(r["controller_cpu_per_msg_us"]) for r in rows if r["controller_cpu_per_msg_us"]]
+    interval = [float(r["model_interval_us"]) for r in rows if r["model_interval_us"]]
+    pace = f"{statistics.median(cpu):.0f} / {statistics.median(interval):.0f} us" if cpu else "-"
+
+    def ms(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
+
+    return (
+        f"| {testbed} | {rate or '-'} | {nnodes} | {workload} | {ms(real)} | {ms(emu)} | "
+        f"{err * 100:+.1f}% ({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) | {pace} |"
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=("loopback", "netns"))
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default="fidelity-runs")
+    ns = p.parse_args()
+    out = Path(ns.out).resolve()
+    out.mkdir(exist_ok=True)
+    print("| testbed | rate | W | workload | all-real ms (min-max) | emulated ms (min-max) | error (per rep) "
+          "| controller CPU / model time per message |")  # fmt: skip
+    print("|---|---|---:|---|---:|---:|---:|---:|")
+    for testbed, rate, nnodes in CASES:
+        if ns.only and testbed != ns.only:
+            continue
+        shaping = ["--testbed", testbed] + (["--rate", rate] if rate else [])
+        topo = out / f"calibrated-{testbed}{'-' + rate if rate else ''}.yaml"
+        if not topo.exists():
+            nbx("calibrate", *shaping, "--out", str(topo))
+        for name in ns.workloads.split(","):
+            csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}.csv"
+            runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
+            nbx("validate", "--nnodes", str(nnodes), *shaping, "--topology", str(topo), "--repeat", str(ns.repeat),
+                "--csv", str(csv_path), "--", *WORKLOADS[name], *runs)  # fmt: skip
+            print(row(csv_path, testbed, rate, nnodes, name), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
