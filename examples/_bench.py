@@ -84,6 +84,19 @@ def run(
     leave()
 
 
+def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Callable[[Any], None]:
+    """One iteration of a classifier on an (inputs, labels) batch: zero_grad, forward,
+    cross-entropy, backward, optimizer step."""
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = batch
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def leave() -> None:
     """Exit without tearing Gloo down.
 

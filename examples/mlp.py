@@ -46,13 +46,7 @@ def main() -> None:
         x = torch.randn(args.batch, args.inputs, generator=gen)
         return x, torch.randint(0, CLASSES, (args.batch,), generator=gen)
 
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        x, y = batch
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-
-    _bench.run("mlp", args, rank, world, make_batch, step)
+    _bench.run("mlp", args, rank, world, make_batch, _bench.classifier_step(ddp, opt))
 
 
 if __name__ == "__main__":
