@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -12,14 +14,15 @@ def _fmt_bytes(n: float) -> str:
 
 
 def iteration_time(steps: list[list[float]] | list[tuple[int, float]]) -> tuple[int, float]:
-    """Optimizer steps seen on the lowest real rank and the mean time between them."""
+    """Optimizer steps seen on the lowest real rank and the median time between them
+    (the median: a first step that builds buckets, or a warm-up, does not drag it)."""
     if not steps:
         return 0, 0.0
     first = min(r for r, _ in steps)
     ts = sorted(t for r, t in steps if r == first)
     if len(ts) < 2:
         return len(ts), 0.0
-    return len(ts), (ts[-1] - ts[0]) / (len(ts) - 1)
+    return len(ts), statistics.median(b - a for a, b in zip(ts, ts[1:], strict=False))
 
 
 def format_summary(reply, trace: dict) -> str:
