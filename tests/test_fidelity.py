@@ -90,11 +90,15 @@ def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path)
     table = re.search(r"all-real +([0-9.]+) ms.*\n +emulated +([0-9.]+) ms.*\n +error +([-+0-9.]+)%", res.out)
     assert table, res.out
     real, emulated, error = map(float, table.groups())
-    assert real > 0 and emulated > 0 and error == pytest.approx((emulated / real - 1) * 100, abs=0.06)
+    assert real > 0 and emulated > 0
     assert "CPU per boundary message" in res.out
     rows = list(csv.DictReader(out.open()))
     assert [r["mode"] for r in rows] == ["all-real", "emulated", "error"]
-    assert float(rows[-1]["error_pct"]) == pytest.approx(error, abs=0.06)
+    # The error is the emulated median against the all-real one (the CSV keeps 3 decimals;
+    # the table's 2 would round a 5 ms median by 0.1%).
+    want = (float(rows[1]["median_ms"]) / float(rows[0]["median_ms"]) - 1) * 100
+    assert float(rows[-1]["error_pct"]) == pytest.approx(want, abs=0.01)
+    assert error == pytest.approx(want, abs=0.06)
 
 
 def test_netns_needs_root(run, tmp_path):
