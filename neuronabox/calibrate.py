@@ -166,7 +166,7 @@ def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
             )
             procs.append(
                 subprocess.Popen(
-                    host.command([sys.executable, "-m", "neuronabox.calibrate_probe"]),
+                    [sys.executable, "-m", "neuronabox.calibrate_probe"],
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

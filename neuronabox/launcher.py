@@ -265,7 +265,7 @@ class Run:
         if self.placement is None:
             return subprocess.Popen(cmd, env=env, start_new_session=True)
         env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
-        return subprocess.Popen(host.command(cmd), env=env, preexec_fn=host.preexec(), start_new_session=True)
+        return subprocess.Popen(cmd, env=env, preexec_fn=host.preexec(), start_new_session=True)
 
     def direct_command(self) -> list[str]:
         """The worker command torchrun would run: `python script args`, `python -m mod

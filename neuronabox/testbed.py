@@ -81,10 +81,6 @@ class Host:
     cpus: list[int] | None = None  # pinned to these cores
     cgroup: str | None = None  # a cgroup v1 cpu folder: its quota is this host's CPU share
 
-    def command(self, argv: list[str]) -> list[str]:
-        """`argv` as run on this host (`preexec` puts the process there)."""
-        return list(argv)
-
     def enter(self) -> None:
         """Move the calling process into this host's network namespace, onto its cores
         and into its CPU share (a child's preexec_fn). setns(2) rather than `ip netns

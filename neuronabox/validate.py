@@ -158,7 +158,7 @@ class Runner:
         out = open(log, "w")
         self.procs.append(
             subprocess.Popen(
-                host.command(cmd),
+                cmd,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
