@@ -29,7 +29,7 @@ from neuronabox.schedules.gloo import (
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 
-from .dialects.gloo.protocol import Data, Event, Frames, GlooPair, RecvReady, SendReady
+from .dialects.gloo.protocol import Data, Event, GlooPair, RecvReady, SendReady
 from .dialects.gloo.wire import SlotPrefix, split_slot
 from .mirror import MirrorInput, fold
 from .outcomes import InstanceRecord, ProtocolError
@@ -532,7 +532,7 @@ class Engine:
 
     def __init__(
         self,
-        emit: Callable[[Conn, Frames], None],
+        emit: Callable[[Conn, bytes], None],
         request_meta: Callable[[str, int, int, str], bool] | None = None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
         conn_of: Callable[[Group, int, int], Conn | None] | None = None,

@@ -28,7 +28,7 @@ class RealSide:
         self.sched, self.slot = sched, slot
         self.out = deque()  # (conn, bytes) the controller wrote
         self.engine = Engine(
-            emit=lambda c, b: self.out.append((c, b if isinstance(b, bytes) else b"".join(b))),
+            emit=lambda c, b: self.out.append((c, b)),
             request_meta=(lambda g, slot, r, kind: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
@@ -76,7 +76,7 @@ class RealSide:
             self.credits[key] -= 1
             m = self.sends[key].popleft()
             data = self.payload(key[0], m.step, m.nbytes)
-            self.feed(key[0], key[1], b"".join(self.mirror[key].data(self.slot, data)))
+            self.feed(key[0], key[1], self.mirror[key].data(self.slot, data))
 
     def pump(self):
         while self.out:

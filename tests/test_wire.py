@@ -135,15 +135,3 @@ def test_incoming_data_needs_our_receive_and_its_notice():
 def test_bound_buffer_opcode_is_refused():
     with pytest.raises(WireError, match="opcode 0"):
         GlooPair().receive(frame(Opcode.SEND_BUFFER, SLOT, 0))
-
-
-def test_a_forwarded_payload_is_framed_without_a_copy():
-    """send/data hand the payload on as its own buffer (the driver's sendmsg writes it
-    from there); the pieces, joined, are the frames a peer parses back."""
-    pair, peer = GlooPair(), GlooPair()
-    peer.recv_ready(SLOT, 1 << 20)
-    pair.receive(frame(Opcode.NOTIFY_RECV_READY, SLOT, 1 << 20))
-    payload = bytes(range(256)) * 4096
-    pieces = pair.send(SLOT, payload)
-    assert pieces[-1] is payload and all(len(p) <= 2 * 48 for p in pieces[:-1])
-    assert peer.receive(b"".join(pieces)) == [SendReady(SLOT, len(payload)), Data(SLOT, payload)]

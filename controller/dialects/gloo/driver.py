@@ -153,19 +153,15 @@ class GlooDriver:
         if self.on_open:
             self.on_open(conn)
 
-    def write(self, conn: Conn, data: bytes | tuple[bytes, ...]) -> None:
-        """Queue `data` (a frame, or a frame's pieces: a payload is never copied into its
-        header); every socket written to in one loop turn is flushed once, with one sendmsg
-        for all its buffers (a ring step answers several frames at a time)."""
+    def write(self, conn: Conn, data: bytes) -> None:
+        """Queue `data`; every socket written to in one loop turn is flushed once, with one
+        sendmsg for all its frames (a ring step answers several frames at a time)."""
         entry = self.socks.get(conn)
         if entry is None:
             raise ConnectionError(f"no connection from emulated rank {conn.emu} to real rank {conn.real}")
         if not entry.out and not entry.want_write:
             self._dirty.append(entry)
-        if data.__class__ is tuple:
-            entry.out.extend(data)
-        else:
-            entry.out.append(data)
+        entry.out.append(data)
 
     def _flush_dirty(self) -> None:
         dirty, self._dirty = self._dirty, []

@@ -40,9 +40,6 @@ class Data(NamedTuple):
 
 
 Event = RecvReady | SendReady | Data
-# What a command emits: one frame, or a frame's pieces in order (headers, then the payload
-# itself) so that a forwarded payload reaches sendmsg without being copied.
-Frames = bytes | tuple[bytes, ...]
 
 
 class GlooPair:
@@ -105,9 +102,8 @@ class GlooPair:
         self._our_posted.setdefault(slot, deque()).append(length)
         return PREAMBLE.pack(PREAMBLE_SIZE, Opcode.NOTIFY_RECV_READY, slot, 0, length, 0)
 
-    def data(self, slot: int, payload: bytes) -> tuple[bytes, bytes]:
-        """Frame `payload` (its header, then the payload itself, uncopied); refuses anything
-        the real side would reject."""
+    def data(self, slot: int, payload: bytes) -> bytes:
+        """Frame `payload`; refuses anything the real side would reject."""
         if not self._announced.get(slot):
             raise WireError(f"data on slot {slot:#x} before NOTIFY_SEND_READY")
         posted = self._peer_posted.get(slot)
@@ -118,11 +114,8 @@ class GlooPair:
         posted.popleft()
         self._announced[slot] -= 1
         n = len(payload)
-        return PREAMBLE.pack(PREAMBLE_SIZE + n, Opcode.SEND_UNBOUND_BUFFER, slot, 0, n, 0), payload
+        return PREAMBLE.pack(PREAMBLE_SIZE + n, Opcode.SEND_UNBOUND_BUFFER, slot, 0, n, 0) + payload
 
-    def send(self, slot: int, payload: bytes) -> tuple[bytes, bytes]:
-        """NOTIFY_SEND_READY and the data frame together, as Gloo sends them: the two
-        headers, then the payload, uncopied."""
-        notice = self.send_ready(slot, len(payload))
-        header, body = self.data(slot, payload)
-        return notice + header, body
+    def send(self, slot: int, payload: bytes) -> bytes:
+        """NOTIFY_SEND_READY and the data frame together, as Gloo sends them."""
+        return self.send_ready(slot, len(payload)) + self.data(slot, payload)
