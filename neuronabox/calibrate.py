@@ -44,10 +44,8 @@ class Fit:
         n = np.array(sorted(samples), dtype=float)
         t = np.array([samples[k] for k in sorted(samples)], dtype=float)
         big, small = slice(max(0, len(n) - ends), None), slice(0, min(ends, len(n)))
-        if len(n) >= 2:
-            slope = float(np.polyfit(n[big], t[big], 1)[0]) if len(n[big]) >= 2 else float(t[-1] / n[-1])
-        else:
-            slope = float(t[0] / n[0])
+        # With two sizes or more, `big` holds at least two: a line through them.
+        slope = float(np.polyfit(n[big], t[big], 1)[0]) if len(n) >= 2 else float(t[0] / n[0])
         slope = max(slope, 1e-15)
         icpt = max(0.0, float(np.median(t[small] - slope * n[small])))
         return cls(icpt, slope, tuple((int(k), float(v), icpt + k * slope) for k, v in zip(n, t, strict=True)))

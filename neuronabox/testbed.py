@@ -255,8 +255,8 @@ class Netns:
     a bridge in the switch namespace. Node links are shaped at `rate` bits/s in both
     directions (tbf on the node's side and on the bridge's side); the controller's link
     is not shaped, since it carries every emulated node's traffic at once. Each host gets
-    a cgroup with a CPU quota: `cpu_share` cores per node, and the controller what the
-    emulated nodes would have had."""
+    a cgroup with a CPU quota: `cpu_share` cores per node, and the controller the share of
+    every node together (capped by the machine: it stands in for all but the real ones)."""
 
     name = "netns"
 

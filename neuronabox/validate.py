@@ -168,7 +168,8 @@ class Runner:
         )
         out.close()
 
-    def wait(self, what: str) -> None:
+    def wait(self, what: str, rep: int) -> None:
+        print(f"  rep {rep} {what:<9} started", flush=True)  # its processes run on their hosts now
         deadline = time.monotonic() + self.timeout
         try:
             while True:
@@ -210,7 +211,7 @@ class Runner:
             ]  # fmt: skip
             self.spawn(host, cmd, log, self.env(host))
             logs.append(log)
-        self.wait("all-real")
+        self.wait("all-real", rep)
         return RunResult("all-real", rep, iteration_ms(logs, j.rank), time.monotonic() - t0)
 
     def emulated(self, placement: Placement, topology: str, delay_model: str, rep: int) -> RunResult:
@@ -226,7 +227,7 @@ class Runner:
             "--trace", str(trace), *j.torchrun, *j.script,
         ]  # fmt: skip
         self.spawn(placement.controller, cmd, log, self.env(placement.controller))
-        self.wait("emulated")
+        self.wait("emulated", rep)
         result = RunResult("emulated", rep, iteration_ms([log], j.rank), time.monotonic() - t0)
         result.cpu_per_msg_us, result.model_interval_us = controller_pace(json.loads(trace.read_text()))
         return result

@@ -15,12 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import yaml
-from conftest import ROOT, Live, tagged_processes
+from conftest import ROOT, Live
 from neuronabox.topology import load
 
 from neuronabox.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
@@ -145,11 +143,8 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
     live = Live("validate", "--nnodes", "3", "--testbed", "netns", "--rate", "1gbit", "--topology", "cpu-25gbe",
                 "--csv", str(tmp_path / "v.csv"), "--", MLP, "--steps", "100000")  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        # The testbed is up once the ranks run inside its namespaces.
-        while not _workers(live):
-            assert time.monotonic() < deadline and live.proc.poll() is None, live.err
-            time.sleep(0.2)
+        # Validate says so once a run's processes are started on their hosts.
+        live.wait_line(r"^  rep 0 all-real +started", timeout=120)
         assert owned_netns(live.proc.pid), (live.proc.pid, owned_netns())
         live.proc.send_signal(signal.SIGINT)
         assert live.finish(timeout=60) == 130
@@ -157,16 +152,3 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
     finally:
         live.stop()
     assert host_state() == before
-
-
-def _workers(live: Live) -> list[psutil.Process]:
-    """The training processes torchrun started (not torchrun itself)."""
-    found = []
-    for p in tagged_processes(live.tag):
-        try:
-            cmd = p.cmdline()
-        except psutil.Error:
-            continue
-        if p.pid != live.proc.pid and MLP in cmd and "torch.distributed.run" not in cmd:
-            found.append(p)
-    return found
