@@ -58,13 +58,15 @@ def test_real_rank_tracks_the_model(tmp_path):
     # root 1 makes real rank 0 the last vrank of the broadcast tree: it waits longest.
     got = timed(
         "--nnodes", "8", "--topology", str(topo), kinds="allreduce,allgather,broadcast,barrier",
-        nbytes=1 << 20, reps=3, root=1, trace=trace,
+        nbytes=1 << 20, reps=5, root=1, trace=trace,
     )  # fmt: skip
     doc = json.loads(trace.read_text())
     big = [r for r in doc["instances"] if r["nbytes"] >= 1 << 17 or r["kind"] == "barrier"]
     predicted = {r["kind"]: r["predicted"] for r in big}
+    # The rank may also see the releases' own lateness, as the same run measured it.
+    late = doc["release"]["p99_us"] * 1e-6
     for kind, t in got.items():
-        assert t == pytest.approx(predicted[kind], rel=0.15), (kind, t, predicted[kind])
+        assert abs(t - predicted[kind]) <= 0.15 * predicted[kind] + late, (kind, t, predicted[kind], late)
     assert predicted["broadcast"] > predicted["allgather"] > predicted["barrier"]
     # Releases are late by a small part of the model's own times (the same run's barrier).
     assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] * 1e-6 < predicted["barrier"]
