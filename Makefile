@@ -8,7 +8,8 @@ NNODES ?= 64
 
 .PHONY: setup demo test lint bench clean
 
-$(BIN)/neuronabox: pyproject.toml
+# The native data plane (controller/native) is built by pip through pyproject's backend.
+$(BIN)/neuronabox: pyproject.toml $(wildcard controller/native/*.h controller/native/*.cc)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"

@@ -1,9 +1,10 @@
 """The engine: collective instances, boundary bitmaps, try-send / try-receive.
 
 It is sans-IO like the dialect: events from real ranks come in through
-`on_event`, frames go out through the `emit` callback, and the metadata an
-instance may need (an allreduce's tensor size) is asked for through
-`request_meta`. One engine serves every process group of a run.
+`on_event`, frames are queued on each pair and `emit(conn)` tells the driver
+that a pair has some to write, and the metadata an instance may need (an
+allreduce's tensor size) is asked for through `request_meta`. One engine
+serves every process group of a run.
 """
 
 from __future__ import annotations
@@ -372,10 +373,13 @@ class Instance:
         """Post receives for `msgs`. An open-length ring segment gets a whole segment (a
         reduce's gather, a whole chunk); a length only the wire tells (gather, scatter,
         alltoall) is posted when the real rank's send notice tells it."""
-        pair = conn.pair
-        frames = [pair.recv_ready(self.slot, n) for m in msgs if (n := self._post_len(m)) >= 0]
-        if frames:
-            self.engine.emit(conn, b"".join(frames))
+        pair, posted = conn.pair, False
+        for m in msgs:
+            if (n := self._post_len(m)) >= 0:
+                pair.recv_ready(self.slot, n)
+                posted = True
+        if posted:
+            self.engine.emit(conn)
 
     def _post_len(self, m: Msg) -> int:
         geo = getattr(self.schedule, "geo", None)
@@ -422,7 +426,8 @@ class Instance:
             posted = q.popleft()
             m = self._check_len(conn, posted, ev.length, "sends")
             if posted.nbytes < 0 and self._post_len(posted) < 0:  # its receive waited for this notice
-                self.engine.emit(conn, conn.pair.recv_ready(self.slot, m.nbytes))
+                conn.pair.recv_ready(self.slot, m.nbytes)
+                self.engine.emit(conn)
             self.expect_data[key].append(m)
         elif isinstance(ev, Data):
             q = self.expect_data.get(key)
@@ -516,7 +521,8 @@ class Instance:
         if len(payload) != n:
             what = f"forwarded {len(payload)} bytes into a {n}-byte receive"
             raise ProtocolError(self._where(p.conn, what, p.msg.step))
-        self.engine.emit(p.conn, p.conn.pair.send(self.slot, payload))
+        p.conn.pair.send(self.slot, payload)
+        self.engine.emit(p.conn)
         self._mark(p.conn.real)
 
     def _mark(self, real: int) -> None:
@@ -532,7 +538,7 @@ class Engine:
 
     def __init__(
         self,
-        emit: Callable[[Conn, bytes], None],
+        emit: Callable[[Conn], None],
         request_meta: Callable[[str, int, int, str], bool] | None = None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
         conn_of: Callable[[Group, int, int], Conn | None] | None = None,

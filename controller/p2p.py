@@ -49,13 +49,15 @@ class PointToPoint:
                 f"{group.global_rank(r)} has no open pair with emulated rank {group.global_rank(e)}"
             )
         self.announced[(conn, tag)] = self.announced.get((conn, tag), 0) + 1
-        self.engine.emit(conn, conn.pair.send_ready(tag, nbytes))
+        conn.pair.send_ready(tag, nbytes)
+        self.engine.emit(conn)
 
     def on_event(self, conn: Conn, ev: Event) -> None:
         now = time.monotonic()
         if isinstance(ev, SendReady):
             self.pending.setdefault((conn, ev.slot), deque()).append((ev.length, now))
-            self.engine.emit(conn, conn.pair.recv_ready(ev.slot, ev.length))
+            conn.pair.recv_ready(ev.slot, ev.length)
+            self.engine.emit(conn)
         elif isinstance(ev, Data):
             q = self.pending.get((conn, ev.slot))
             if not q:
@@ -85,9 +87,10 @@ class PointToPoint:
         key = (conn, slot)
         if self.announced.get(key):  # the send notice went out already (a receive from any source)
             self.announced[key] -= 1
-            self.engine.emit(conn, conn.pair.data(slot, bytes(n)))
+            conn.pair.data(slot, bytes(n))
         else:
-            self.engine.emit(conn, conn.pair.send(slot, bytes(n)))
+            conn.pair.send(slot, bytes(n))
+        self.engine.emit(conn)
         self._record("recv", conn, slot, n, posted, predicted)
 
     def _record(self, kind: str, conn: Conn, slot: int, n: int, start: float, predicted: float) -> None:

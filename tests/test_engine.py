@@ -28,7 +28,7 @@ class RealSide:
         self.sched, self.slot = sched, slot
         self.out = deque()  # (conn, bytes) the controller wrote
         self.engine = Engine(
-            emit=lambda c, b: self.out.append((c, b)),
+            emit=lambda c: self.out.append((c, c.pair.take())),
             request_meta=(lambda g, slot, r, kind: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
@@ -52,12 +52,17 @@ class RealSide:
         for ev in conn.pair.receive(raw):
             self.engine.on_event(conn, ev)
 
+    def say(self, r, peer):
+        """Real rank r's frames to `peer`, queued on its side of the pair, reach the engine."""
+        self.feed(r, peer, self.mirror[(r, peer)].take())
+
     def start(self):
         """Post every receive and announce every send, in program order."""
         for r in self.group.real.sorted:
             for m in self.sched.recvs(r):
                 if m.peer not in self.group.real:
-                    self.feed(r, m.peer, self.mirror[(r, m.peer)].recv_ready(self.slot, m.nbytes))
+                    self.mirror[(r, m.peer)].recv_ready(self.slot, m.nbytes)
+                    self.say(r, m.peer)
             for m in self.sched.sends(r):
                 if m.peer not in self.group.real:
                     self.announce(r, m)
@@ -68,7 +73,8 @@ class RealSide:
         """Real rank r calls send(): NOTIFY_SEND_READY now, data once a receive is posted."""
         key = (r, m.peer)
         self.sends.setdefault(key, deque()).append(m)
-        self.feed(r, m.peer, self.mirror[key].send_ready(self.slot, m.nbytes))
+        self.mirror[key].send_ready(self.slot, m.nbytes)
+        self.say(r, m.peer)
         self.serve(key)
 
     def serve(self, key):
@@ -76,7 +82,8 @@ class RealSide:
             self.credits[key] -= 1
             m = self.sends[key].popleft()
             data = self.payload(key[0], m.step, m.nbytes)
-            self.feed(key[0], key[1], self.mirror[key].data(self.slot, data))
+            self.mirror[key].data(self.slot, data)
+            self.say(*key)
 
     def pump(self):
         while self.out:
@@ -152,7 +159,8 @@ def test_broadcast_root_is_settled_while_a_real_rank_waits_on_a_real_parent():
     answer rank 1 without waiting for rank 5 (which would wait forever)."""
     sched = BinomialBroadcast(32, 31, 64)
     side = RealSide(32, (1, 5), sched, make_slot(SlotPrefix.BROADCAST, 3))
-    side.feed(1, 31, side.mirror[(1, 31)].recv_ready(side.slot, 64))
+    side.mirror[(1, 31)].recv_ready(side.slot, 64)
+    side.say(1, 31)
     side.pump()
     assert side.got[(1, 31)] == [bytes(64)]
 
@@ -166,10 +174,12 @@ def test_ambiguous_broadcast_root_comes_from_the_observer():
     side = RealSide(8, (0, 1), sched, make_slot(SlotPrefix.BROADCAST, 3), meta=True)
     asked = []
     side.engine.request_meta = lambda g, slot, r, kind: asked.append((r, kind)) or True
-    side.feed(0, 6, side.mirror[(0, 6)].recv_ready(side.slot, 64))
+    side.mirror[(0, 6)].recv_ready(side.slot, 64)
+    side.say(0, 6)
     assert asked == [(0, "broadcast")] and not side.out  # nothing guessed yet
     side.engine.on_root("0", side.slot, 6)
-    side.feed(1, 7, side.mirror[(1, 7)].recv_ready(side.slot, 64))
+    side.mirror[(1, 7)].recv_ready(side.slot, 64)
+    side.say(1, 7)
     for r in (0, 1):
         for m in sched.sends(r):
             side.announce(r, m)
@@ -190,7 +200,8 @@ def test_barrier_holds_an_emulated_release_until_the_other_real_rank_arrives():
     side = RealSide(world, real, sched, make_slot(SlotPrefix.BARRIER, 0))
     for m in sched.recvs(0):  # only rank 0 enters the barrier
         if m.peer not in real:
-            side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, 0))
+            side.mirror[(0, m.peer)].recv_ready(side.slot, 0)
+            side.say(0, m.peer)
     side.pump()
     assert (0, 7) in side.got and (0, 6) not in side.got  # round 1 from rank 6 waits for rank 5
     side.announce(5, sched.sends(5)[0])  # rank 5 enters: its round-0 send to rank 6
@@ -203,14 +214,17 @@ def test_a_wrong_length_names_the_collective_the_pair_and_the_step():
     sched = RingAllreduce(RingGeometry.for_tensor(world, 4096, 4))
     side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 9), meta=(1024, 4))
     m = sched.recvs(0)[0]
-    side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes))
+    side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes)
+    side.say(0, m.peer)
     side.engine.on_meta("0", side.slot, 1024, 4)
     with pytest.raises(ProtocolError, match=r"allreduce #9 of group '0' rank pair 0<->1 step 1: .*schedule expects"):
-        side.feed(0, m.peer, side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes + 4))
+        side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes + 4)
+        side.say(0, m.peer)
 
 
 def test_an_unknown_collective_names_its_slot_prefix_and_group():
     unknown = max(SlotPrefix) + 1
     side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(unknown, 2))
     with pytest.raises(ProtocolError, match=rf"slot prefix {unknown} \(unknown\) #2 on group '0'"):
-        side.feed(0, 1, side.mirror[(0, 1)].recv_ready(side.slot, 8))
+        side.mirror[(0, 1)].recv_ready(side.slot, 8)
+        side.say(0, 1)

@@ -20,11 +20,9 @@ from collections.abc import Callable
 
 from ...engine import Conn, Engine, Group
 from ...net import listener
-from .protocol import GlooPair
+from .protocol import GlooPair, WireError
 from .wire import SEQ
 
-RECV_CHUNK = 1 << 20
-IOV_MAX = 1024
 # epoll sleeps in whole milliseconds, rounded up: sleep until this close to a timer,
 # then poll without blocking (busy-wait) so releases land within microseconds.
 SPIN_S = 0.0015
@@ -65,12 +63,12 @@ class Poller:
 
 
 class _Sock:
-    __slots__ = ("sock", "conn", "out", "want_write", "seq_needed", "inbuf")
+    __slots__ = ("sock", "fd", "conn", "want_write", "seq_needed", "inbuf")
 
     def __init__(self, sock: socket.socket, conn: Conn | None) -> None:
         self.sock = sock
+        self.fd = sock.fileno()
         self.conn = conn
-        self.out: deque[bytes | memoryview] = deque()
         self.want_write = False
         self.seq_needed = conn is None  # accepted sockets start with the dialer's seq
         self.inbuf = b""
@@ -99,8 +97,7 @@ class GlooDriver:
         self.periodic: Callable[[], None] | None = None
         self._next_periodic = 0.0
         self._dirty: list[_Sock] = []
-        self._rxbuf = bytearray(RECV_CHUNK)  # one receive buffer: recv(1 MiB) would allocate per call
-        self._rxview = memoryview(self._rxbuf)
+        self._dirty_set: set[_Sock] = set()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_seq = itertools.count()
 
@@ -149,22 +146,25 @@ class GlooDriver:
         entry = _Sock(s, conn)
         self.socks[conn] = entry
         self.sel.register(s, Poller.READ, entry)
-        self.write(conn, SEQ.pack(seq))
+        conn.pair.raw(SEQ.pack(seq))
+        self.write(conn)
         if self.on_open:
             self.on_open(conn)
 
-    def write(self, conn: Conn, data: bytes) -> None:
-        """Queue `data`; every socket written to in one loop turn is flushed once, with one
-        sendmsg for all its frames (a ring step answers several frames at a time)."""
+    def write(self, conn: Conn) -> None:
+        """`conn`'s pair has frames queued: every socket written to in one loop turn is
+        flushed once, with one sendmsg for all its frames (a ring step answers several
+        frames at a time), payloads straight from the buffers they were received into."""
         entry = self.socks.get(conn)
         if entry is None:
             raise ConnectionError(f"no connection from emulated rank {conn.emu} to real rank {conn.real}")
-        if not entry.out and not entry.want_write:
+        if not entry.want_write and entry not in self._dirty_set:
+            self._dirty_set.add(entry)
             self._dirty.append(entry)
-        entry.out.append(data)
 
     def _flush_dirty(self) -> None:
         dirty, self._dirty = self._dirty, []
+        self._dirty_set.clear()
         for entry in dirty:
             if not entry.want_write:
                 self._flush(entry)
@@ -254,68 +254,57 @@ class GlooDriver:
         self.sel.register(s, Poller.READ, _Sock(s, None))
 
     def _flush(self, entry: _Sock) -> None:
-        out = entry.out
-        while out:
-            try:
-                if len(out) > 1:
-                    n = entry.sock.sendmsg(list(itertools.islice(out, IOV_MAX)))
-                else:
-                    n = entry.sock.send(out[0])
-            except BlockingIOError:
-                n = 0
-            except OSError:
-                self._drop(entry)
-                return
-            while n and out:
-                head = out[0]
-                if n >= len(head):
-                    n -= len(head)
-                    out.popleft()
-                else:
-                    out[0] = memoryview(head)[n:]
-                    n = 0
-            if out:
-                if not entry.want_write:
-                    entry.want_write = True
-                    self.sel.modify(entry.sock, Poller.READ | Poller.WRITE, entry)
-                return
-        if entry.want_write:
-            entry.want_write = False
-            self.sel.modify(entry.sock, Poller.READ, entry)
+        try:
+            done = entry.conn.pair.flush(entry.fd)
+        except OSError:
+            self._drop(entry)
+            return
+        if entry.want_write == done:  # blocked now, or unblocked: wake on writable only while blocked
+            entry.want_write = not done
+            self.sel.modify(entry.sock, Poller.READ | Poller.WRITE if entry.want_write else Poller.READ, entry)
 
     def _read(self, entry: _Sock) -> None:
+        if entry.seq_needed:
+            self._read_seq(entry)
+            return
+        conn = entry.conn
         try:
-            n = entry.sock.recv_into(self._rxbuf)
+            events = conn.pair.read(entry.fd)
+        except WireError as exc:
+            where = f"real rank {conn.real} <-> emulated rank {conn.emu} of group {conn.group.name!r}"
+            raise WireError(f"{where}: {exc}") from None
+        if events is None:
+            self._drop(entry)
+            return
+        engine = self.engine
+        for ev in events:
+            engine.on_event(conn, ev)
+
+    def _read_seq(self, entry: _Sock) -> None:
+        """An accepted socket's first 8 bytes: the dialer's sequence number names its pair."""
+        try:
+            data = entry.sock.recv(SEQ.size - len(entry.inbuf))
         except BlockingIOError:
             return
         except OSError as exc:
             if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
                 raise
-            n = 0
-        if not n:
+            data = b""
+        if not data:
             self._drop(entry)
             return
-        data = self._rxview[:n]
-        if entry.seq_needed:
-            entry.inbuf += bytes(data)
-            if len(entry.inbuf) < SEQ.size:
-                return
-            (seq,) = SEQ.unpack_from(entry.inbuf)
-            data, entry.inbuf = entry.inbuf[SEQ.size :], b""
-            conn = self.accept_router(seq) if self.accept_router else None
-            if conn is None:
-                self._drop(entry)
-                raise ConnectionError(f"a real rank dialed the controller with unknown sequence number {seq}")
-            entry.conn, entry.seq_needed = conn, False
-            self.socks[conn] = entry
-            if self.on_open:
-                self.on_open(conn)
-            if not data:
-                return
-        conn = entry.conn
-        engine = self.engine
-        for ev in conn.pair.receive(data):
-            engine.on_event(conn, ev)
+        entry.inbuf += data
+        if len(entry.inbuf) < SEQ.size:
+            return
+        (seq,) = SEQ.unpack(entry.inbuf)
+        conn = self.accept_router(seq) if self.accept_router else None
+        if conn is None:
+            self._drop(entry)
+            raise ConnectionError(f"a real rank dialed the controller with unknown sequence number {seq}")
+        entry.conn, entry.seq_needed = conn, False
+        self.socks[conn] = entry
+        if self.on_open:
+            self.on_open(conn)
 
 
 def raise_fd_limit() -> None:

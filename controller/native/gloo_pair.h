@@ -1,0 +1,101 @@
+// One Gloo TCP pair seen from the controller's side, as a sans-IO state machine.
+//
+// Bytes in, events out; commands in, frames out (into the pair's Outbox). It enforces
+// the rules the real side would kill the pair for (docs/wire.md, "Frames"): no data on
+// a slot before the peer's NOTIFY_RECV_READY, FIFO matching per slot, no payload
+// longer than the posted receive, NOTIFY_SEND_READY before data. Every check runs on
+// the 48-byte header, before a payload's bytes are buffered, and a payload is never
+// larger than a receive this side posted (or `max_payload`), so nothing the peer sends
+// can make it buffer without bound.
+//
+// Bytes in come in two ways. `window()` says where the next received bytes belong and
+// `commit(n)` says that `n` of them came: a large payload is received straight into
+// the buffer it will be forwarded from. `feed()` copies bytes in through the same
+// windows (tests, the virtual-time driver).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bytes.h"
+#include "outbox.h"
+
+namespace nbx::gloo {
+
+constexpr size_t kPreambleSize = 48;  // six native u64: nbytes opcode slot offset length roffset
+
+enum class Opcode : uint64_t {
+  kSendBuffer = 0,
+  kSendUnboundBuffer = 1,
+  kNotifySendReady = 2,
+  kNotifyRecvReady = 3,
+};
+
+// A frame that breaks the Gloo protocol, from either side.
+class WireError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class EventKind : uint8_t { kRecvReady, kSendReady, kData };
+
+struct Event {
+  EventKind kind;
+  uint64_t slot;
+  uint64_t length;
+  std::shared_ptr<OwnedBytes> payload;  // kData only
+};
+
+class Pair {
+ public:
+  static constexpr size_t kScratchSize = 64 * 1024;
+
+  explicit Pair(uint64_t max_payload);
+
+  // -- bytes in, events out ------------------------------------------------
+  struct Window {
+    uint8_t* data;
+    size_t size;
+  };
+  Window window();
+  void commit(size_t n, std::vector<Event>& out);
+  void feed(const uint8_t* p, size_t n, std::vector<Event>& out);
+
+  // -- commands in, frames out ---------------------------------------------
+  void send_ready(uint64_t slot, uint64_t length);
+  void recv_ready(uint64_t slot, uint64_t length);
+  void data(uint64_t slot, BytesRef payload);
+  void send(uint64_t slot, BytesRef payload);  // NOTIFY_SEND_READY and the data, as Gloo sends them
+  Outbox& outbox() { return outbox_; }
+
+  // Bytes held for frames not yet complete (a partial header, a payload being received).
+  size_t buffered() const { return (end_ - begin_) + (payload_ ? payload_->size() : 0); }
+
+ private:
+  void parse(std::vector<Event>& out);
+  void start_payload(uint64_t slot, uint64_t length, std::vector<Event>& out);
+  void header(Opcode op, uint64_t slot, uint64_t length, uint64_t nbytes);
+
+  uint64_t max_payload_;
+  std::vector<uint8_t> scratch_;  // headers and small payloads
+  size_t begin_ = 0, end_ = 0;    // unparsed bytes of scratch_
+  std::shared_ptr<OwnedBytes> payload_;  // a data frame's payload being received
+  size_t payload_have_ = 0;
+  uint64_t payload_slot_ = 0;
+
+  std::unordered_map<uint64_t, std::deque<uint64_t>> peer_posted_;  // receives the peer posted
+  std::unordered_map<uint64_t, uint64_t> announced_;               // our send notices awaiting data
+  std::unordered_map<uint64_t, std::deque<uint64_t>> our_posted_;   // receives we posted
+  std::unordered_map<uint64_t, uint64_t> peer_announced_;          // peer's send notices awaiting data
+  Outbox outbox_;
+};
+
+std::string slot_hex(uint64_t slot);
+
+}  // namespace nbx::gloo
