@@ -55,7 +55,12 @@ def all_real(nbytes: int, reps: int) -> float:
     return result(out)["allreduce"]["median_s"]
 
 
-def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3, flags: tuple = ()) -> tuple[float, float, int]:
+def emulated(
+    nnodes: int, nbytes: int, reps: int, warmup: int = 3, flags: tuple = (), cpus: set[int] | None = None
+) -> tuple[float, float, int]:
+    """(median time on the real rank, controller CPU per boundary message, messages per op);
+    `cpus` pins the launcher and what it starts unless a placement says otherwise."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with tempfile.TemporaryDirectory() as d:
         trace = Path(d) / "trace.json"
         cmd = [
@@ -78,7 +83,7 @@ def emulated(nnodes: int, nbytes: int, reps: int, warmup: int = 3, flags: tuple 
             "--warmup",
             str(warmup),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pin)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-3000:])
         med = result(proc.stdout)["allreduce"]["median_s"]

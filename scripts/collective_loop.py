@@ -1,7 +1,7 @@
 """Benchmark worker: times collectives on the real rank.
 
 Each repetition starts after a barrier, so every rank enters together; the first
-real rank prints one line, RESULT {kind: {median_s, min_s}}.
+real rank prints one line, RESULT {kind: {median_s, min_s, mean_s}}.
 """
 
 import argparse
@@ -43,7 +43,7 @@ for kind in args.kinds.split(","):
             times.append(time.perf_counter() - t0)
             if args.announce and dist.get_rank() == 0:
                 print(f"REP {kind} {times[-1]:.6f}", flush=True)
-    out[kind] = {"median_s": statistics.median(times), "min_s": min(times)}
+    out[kind] = {"median_s": statistics.median(times), "min_s": min(times), "mean_s": statistics.fmean(times)}
 real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
 if dist.get_rank() == real[0]:
     print("RESULT " + json.dumps(out), flush=True)

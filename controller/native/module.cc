@@ -117,7 +117,7 @@ PyTypeObject PairType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"max_payload", nullptr};
-  unsigned long long max_payload = 1ull << 30;
+  unsigned long long max_payload = 1ull << 40;  // the posted receive is the real bound
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|K", const_cast<char**>(kw), &max_payload)) return -1;
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;
@@ -354,6 +354,40 @@ PyGetSetDef pair_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
+// -- the kernel's floor ---------------------------------------------------------------
+// A TCP ping-pong in compiled code on a blocking socket: what one message costs when
+// nothing but the kernel stands between the two sides (the benchmarks' reference).
+PyObject* pingpong(PyObject*, PyObject* args) {
+  int fd, rounds, first;
+  Py_ssize_t size;
+  if (!PyArg_ParseTuple(args, "iinp", &fd, &rounds, &size, &first)) return nullptr;
+  std::vector<uint8_t> buf(static_cast<size_t>(size > 0 ? size : 1));
+  int err = 0;
+  Py_BEGIN_ALLOW_THREADS
+  for (int i = 0; i < rounds && err == 0; ++i) {
+    for (int turn = 0; turn < 2 && err == 0; ++turn) {
+      const bool sending = (turn == 0) == static_cast<bool>(first);
+      size_t done = 0;
+      while (done < static_cast<size_t>(size)) {
+        const ssize_t n = sending ? ::send(fd, buf.data() + done, size - done, MSG_NOSIGNAL)
+                                  : ::recv(fd, buf.data() + done, size - done, 0);
+        if (n > 0) {
+          done += static_cast<size_t>(n);
+        } else if (n == 0 || errno != EINTR) {
+          err = n == 0 ? ECONNRESET : errno;
+          break;
+        }
+      }
+    }
+  }
+  Py_END_ALLOW_THREADS
+  if (err != 0) {
+    errno = err;
+    return PyErr_SetFromErrno(PyExc_OSError);
+  }
+  Py_RETURN_NONE;
+}
+
 // -- module --------------------------------------------------------------------------
 PyObject* bind(PyObject*, PyObject* args) {
   PyObject *err, *rr, *sr, *data;
@@ -379,6 +413,8 @@ PyObject* bind(PyObject*, PyObject* args) {
 
 PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS, "bind(WireError, RecvReady, SendReady, Data): the dialect's Python types."},
+    {"pingpong", pingpong, METH_VARARGS,
+     "pingpong(fd, rounds, size, first): `rounds` exchanges of `size` bytes on a blocking socket (first: send first)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,0 +1,140 @@
+"""The NeuronaBox paper's Table 1 on this machine: collective overhead at W=2.
+
+Allreduce and allgather from 1 KiB to 128 MiB. Each rank is pinned to a core of
+its own: all-real, rank 0 on core 0 and rank 1 on core 1 (two torchrun agents on
+a static rendezvous); emulated, the real rank on core 0 and the launcher and
+controller on core 1, zero-delay model. The two runs alternate `--repeat` times
+per size, the order flipped every repetition; the table gives the medians of
+the per-run medians, their range, and the overhead of the emulated median.
+Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = str(HERE / "collective_loop.py")
+KINDS = "allreduce,allgather"
+SIZES = "1K,4K,16K,64K,256K,1M,2M,4M,16M,64M,128M"
+UNITS = {"K": 1 << 10, "M": 1 << 20}
+
+
+def parse_size(text: str) -> int:
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
+
+
+def reps_for(nbytes: int) -> int:
+    return 30 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
+
+
+def result(out: str) -> dict:
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return {k: v["median_s"] for k, v in json.loads(line[7:]).items()}
+    raise RuntimeError(f"no result in output:\n{out[-2000:]}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cpu: int):
+    return lambda: os.sched_setaffinity(0, {cpu})
+
+
+def worker_args(nbytes: int) -> list[str]:
+    return [WORKER, "--kinds", KINDS, "--bytes", str(nbytes), "--reps", str(reps_for(nbytes))]
+
+
+def all_real(nbytes: int) -> dict:
+    port = free_port()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+            "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+            f"--master-port={port}", *worker_args(nbytes),
+        ]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env=env, preexec_fn=pinned(node)))  # fmt: skip
+    try:
+        outs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    if any(p.returncode for p in procs):
+        raise RuntimeError("all-real run failed:\n" + "\n".join(err[-2000:] for _, err in outs))
+    return result(outs[0][0])
+
+
+def emulated(nbytes: int, placement: Path) -> dict:
+    cmd = [
+        sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
+        "--placement", str(placement), *worker_args(nbytes),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1))
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return result(proc.stdout)
+
+
+def label(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sizes", default=SIZES)
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        placement = Path(d) / "placement.json"
+        host = {"ifname": "lo", "netns": None, "cgroup": None}
+        placement.write_text(
+            json.dumps(
+                {
+                    "nodes": {"0": {"name": "node0", "address": "127.0.0.1", "cpus": [0], **host}},
+                    "controller": {"name": "ctl", "address": "127.0.0.2", "cpus": [1], **host},
+                }
+            )
+        )
+        for nbytes in sizes:
+            real: list[dict] = []
+            emu: list[dict] = []
+            for rep in range(args.repeat):
+                order = [("real", all_real), ("emu", lambda n: emulated(n, placement))]
+                for mode, run in order if rep % 2 == 0 else order[::-1]:
+                    (real if mode == "real" else emu).append(run(nbytes))
+            for kind in KINDS.split(","):
+                a = [r[kind] for r in real]
+                e = [r[kind] for r in emu]
+                rows.append((kind, nbytes, a, e))
+            print(f"  done {label(nbytes)}", file=sys.stderr, flush=True)
+
+    def ms(xs: list[float]) -> str:
+        return f"{statistics.median(xs) * 1e3:.3f} ({min(xs) * 1e3:.3f}-{max(xs) * 1e3:.3f})"
+
+    print("| collective | size | all-real ms (range) | emulated ms (range) | overhead |")
+    print("|---|---:|---:|---:|---:|")
+    for kind, nbytes, a, e in sorted(rows, key=lambda r: (r[0], r[1])):
+        over = statistics.median(e) / statistics.median(a) - 1
+        print(f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {over * 100:+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
