@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuronabox.errors import NeuronaBoxError
 
-class ProtocolError(Exception):
+
+class ProtocolError(NeuronaBoxError):
     """A frame that does not match what the collective's schedule expects."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from neuronabox import delay_models, topology
 from neuronabox.controller.config import ControllerConfig, real_ranks_of
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
@@ -33,7 +34,7 @@ RUNS_DIR = Path(tempfile.gettempdir()) / "neuronabox-runs"
 MIN_TORCH = (2, 2)
 
 
-class LaunchError(RuntimeError):
+class LaunchError(NeuronaBoxError, RuntimeError):
     """The run failed; the message is its one-line cause."""
 
 

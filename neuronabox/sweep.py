@@ -15,13 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from neuronabox.errors import NeuronaBoxError
+
 from .summary import iteration_time
 from .whatif import WhatIfError, parse
 
 SWEEPABLE = {"latency": "injected latency", "bandwidth": "bandwidth factor", "jitter": "injected jitter"}
 
 
-class SweepError(ValueError):
+class SweepError(NeuronaBoxError, ValueError):
     pass
 
 

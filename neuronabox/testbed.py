@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from neuronabox.errors import NeuronaBoxError
+
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 NETNS_DIR = Path("/var/run/netns")  # where `ip netns add` pins a namespace
 CLONE_NEWNET = 0x40000000
@@ -39,7 +41,7 @@ _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(bit|kbit|mbit|gbit|[kMG]b/s|[kMG]b
 _RATE_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
-class TestbedError(RuntimeError):
+class TestbedError(NeuronaBoxError, RuntimeError):
     """A testbed run failed; the message is its one-line cause (exit status 1)."""
 
 

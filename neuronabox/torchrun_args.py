@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from neuronabox.errors import NeuronaBoxError
+
 # torchrun flags that take no value; every other flag takes one.
 TORCHRUN_SWITCHES = {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
 OURS = {
@@ -27,7 +29,7 @@ REFUSED = {
 }
 
 
-class UsageError(ValueError):
+class UsageError(NeuronaBoxError, ValueError):
     """Bad input on the command line: one line, exit status 2."""
 
 

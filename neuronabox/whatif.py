@@ -16,12 +16,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import KINDS
 from neuronabox.topology import LinkClass
 from neuronabox.topology.presets import parse_latency
 
 
-class WhatIfError(ValueError):
+class WhatIfError(NeuronaBoxError, ValueError):
     """A modifier spec that cannot be used; the message says which part."""
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuronabox.errors import NeuronaBoxError
 
-class TopologyError(ValueError):
+
+class TopologyError(NeuronaBoxError, ValueError):
     """A topology that cannot be used; the message names the field."""
 
 

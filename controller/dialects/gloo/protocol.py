@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from neuronabox.errors import NeuronaBoxError
+
 from ... import _native
 
 
-class WireError(Exception):
+class WireError(NeuronaBoxError):
     """A frame that breaks the Gloo protocol, from either side."""
 
 

@@ -10,6 +10,8 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+from neuronabox.errors import NeuronaBoxError
+
 PREAMBLE = struct.Struct("<6Q")  # nbytes, opcode, slot, offset, length, roffset
 PREAMBLE_SIZE = PREAMBLE.size  # 48
 ADDRESS_SIZE = 136  # sizeof(sockaddr_storage) + sizeof(ssize_t)
@@ -91,7 +93,7 @@ def dialer_is_local(local: Address, remote: Address) -> bool:
     return local.seq > remote.seq
 
 
-class UnsupportedRecord(ValueError):
+class UnsupportedRecord(NeuronaBoxError, ValueError):
     """A rank record whose layout this dialect does not speak."""
 
 
