@@ -11,22 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from neuronabox.launcher import free_port
+
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
 SIZES = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("25 MiB", 25 << 20)]
 WORLDS = [2, 64, 512]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def result(out: str) -> dict:

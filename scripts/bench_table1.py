@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_allreduce import result
+
+from neuronabox.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -37,19 +40,6 @@ def parse_size(text: str) -> int:
 
 def reps_for(nbytes: int) -> int:
     return 30 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
-
-
-def result(out: str) -> dict:
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"no result in output:\n{out[-2000:]}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pinned(cpu: int):

@@ -103,3 +103,19 @@ def test_status_of_a_live_run(tmp_path):
     out = "".join(live.out)
     assert "allreduce" in out and "barrier" in out
     assert not psutil.pid_exists(live.proc.pid) or live.proc.poll() is not None
+
+
+def test_store_ports_are_never_ephemeral():
+    """The launcher picks the store's port seconds before a process binds it; a port from
+    the kernel's ephemeral range can be taken by any connect() in between (CI saw
+    EADDRINUSE), so the pick stays below that range and is free when picked."""
+    import socket
+
+    from neuronabox.launcher import _ephemeral_range, free_port
+
+    low, high = _ephemeral_range()
+    ports = [free_port() for _ in range(20)]
+    assert not [p for p in ports if low <= p <= high]
+    assert len(set(ports)) > 1  # random, so two concurrent runs rarely collide
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
