@@ -31,6 +31,7 @@ from neuronabox.whatif import WhatIf
 from . import control_pb2
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver, raise_fd_limit
+from .dialects.gloo.protocol import GLOO, GlooPair
 from .dialects.gloo.wire import (
     Address,
     RankRecord,
@@ -106,6 +107,7 @@ class Controller:
     def _make_engine(self, driver: GlooDriver) -> Engine:
         return Engine(
             emit=driver.write,
+            dialect=GLOO,
             request_meta=self._request_meta if self.cfg.observer else None,
             on_complete=self.records.append,
             conn_of=self._open_conn,
@@ -252,7 +254,7 @@ class Controller:
         host, port = self.driver.address
         peers = self.lazy_peers(group, r) if self.cfg.lazy else [e for e in range(group.world) if e not in group.real]
         for e in sorted(peers):
-            conn = Conn(group, r, e)
+            conn = Conn(group, r, e, GlooPair())
             self.conns[(group.name, r, e)] = conn
             if self.cfg.lazy:
                 ours, theirs = Address(host, port, r), Address(rec.address.host, rec.address.port, e)

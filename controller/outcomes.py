@@ -12,6 +12,10 @@ class ProtocolError(NeuronaBoxError):
     """A frame that does not match what the collective's schedule expects."""
 
 
+class StateError(NeuronaBoxError):
+    """A state machine asked for a transition its table does not have: a bug, named."""
+
+
 @dataclass
 class InstanceRecord:
     """What the trace keeps of one collective instance."""

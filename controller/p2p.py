@@ -17,18 +17,28 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from .dialects.gloo.protocol import Data, Event, RecvReady, SendReady
+from neuronabox.schedules import Kind
+
+from .dialect import Data, Event, RecvReady, SendReady
+from .groups import Conn, Group
 from .outcomes import InstanceRecord, ProtocolError
-
-if TYPE_CHECKING:
-    from .engine import Conn, Engine, Group
+from .release import ReleaseTiming
 
 
 class PointToPoint:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        emit: Callable[[Conn], None],
+        conn_of: Callable[[Group, int, int], Conn | None],
+        publish: Callable[[InstanceRecord], None],
+        timing: ReleaseTiming | None,
+        call_at: Callable[[float, Callable[[], None]], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.emit, self.conn_of, self.publish = emit, conn_of, publish
+        self.timing, self.call_at, self.clock = timing, call_at, clock
         self.pending: dict[tuple[Conn, int], deque[tuple[int, float]]] = {}  # real sends awaiting data
         self.announced: dict[tuple[Conn, int], int] = {}  # our send notices awaiting a receive
         self.any_turn: dict[tuple[str, int, int], int] = {}  # (group, real, tag) -> receives answered
@@ -42,7 +52,7 @@ class PointToPoint:
         turn = self.any_turn.get((group.name, r, tag), 0)
         self.any_turn[(group.name, r, tag)] = turn + 1
         e = peers[turn % len(peers)]
-        conn = self.engine.conn_of(group, r, e)
+        conn = self.conn_of(group, r, e)
         if conn is None:
             raise ProtocolError(
                 f"receive from any source, tag {tag} of group {group.name!r}: real rank "
@@ -50,53 +60,52 @@ class PointToPoint:
             )
         self.announced[(conn, tag)] = self.announced.get((conn, tag), 0) + 1
         conn.pair.send_ready(tag, nbytes)
-        self.engine.emit(conn)
+        self.emit(conn)
 
     def on_event(self, conn: Conn, ev: Event) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if isinstance(ev, SendReady):
             self.pending.setdefault((conn, ev.slot), deque()).append((ev.length, now))
             conn.pair.recv_ready(ev.slot, ev.length)
-            self.engine.emit(conn)
+            self.emit(conn)
         elif isinstance(ev, Data):
             q = self.pending.get((conn, ev.slot))
             if not q:
                 where = f"point-to-point tag {ev.slot} of group {conn.group.name!r} rank pair {conn.real}<->{conn.emu}"
                 raise ProtocolError(f"{where}: data without a send notice")
             n, start = q.popleft()
-            self._record("send", conn, ev.slot, n, start, 0.0)
+            self._record(Kind.SEND, conn, ev.slot, n, start, 0.0)
         elif isinstance(ev, RecvReady):
             self._reply(conn, ev.slot, ev.length, now)
 
     def _reply(self, conn: Conn, slot: int, n: int, posted: float) -> None:
-        eng = self.engine
-        timing = eng.timing
+        timing = self.timing
         if timing is None or not timing.active:
             self._send(conn, slot, n, posted, 0.0)
             return
         g = conn.group
-        delay = timing.message("send", g.global_rank(conn.emu), g.global_rank(conn.real), n)
+        delay = timing.message(Kind.SEND, g.global_rank(conn.emu), g.global_rank(conn.real), n)
         release = posted + delay
-        eng.call_at(release, lambda: self._send(conn, slot, n, posted, delay, release))
+        self.call_at(release, lambda: self._send(conn, slot, n, posted, delay, release))
 
     def _send(
         self, conn: Conn, slot: int, n: int, posted: float, predicted: float, release: float | None = None
     ) -> None:
-        if release is not None and self.engine.timing is not None:
-            self.engine.timing.record_lateness(time.monotonic() - release)
+        if release is not None and self.timing is not None:
+            self.timing.record_lateness(self.clock() - release)
         key = (conn, slot)
         if self.announced.get(key):  # the send notice went out already (a receive from any source)
             self.announced[key] -= 1
             conn.pair.data(slot, bytes(n))
         else:
             conn.pair.send(slot, bytes(n))
-        self.engine.emit(conn)
-        self._record("recv", conn, slot, n, posted, predicted)
+        self.emit(conn)
+        self._record(Kind.RECV, conn, slot, n, posted, predicted)
 
-    def _record(self, kind: str, conn: Conn, slot: int, n: int, start: float, predicted: float) -> None:
-        end = time.monotonic()
-        src, dst = (conn.real, conn.emu) if kind == "send" else (conn.emu, conn.real)
-        self.engine.publish(InstanceRecord(
+    def _record(self, kind: Kind, conn: Conn, slot: int, n: int, start: float, predicted: float) -> None:
+        end = self.clock()
+        src, dst = (conn.real, conn.emu) if kind == Kind.SEND else (conn.emu, conn.real)
+        self.publish(InstanceRecord(
             conn.group.name, slot, kind, n, 1, start, end, {conn.real: (start, end)},
             f"{src}->{dst}", time.thread_time(), predicted,
         ))  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from neuronabox.topology import HostWork, LinkClass
 
+from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Entry, Timeline, timeline_for
 from neuronabox.whatif import WhatIf
@@ -38,21 +39,21 @@ class ReleaseTiming:
         """From the control service's threads: one reference swap, which the loop reads whole."""
         self.whatif = whatif
 
-    def hop(self, kind: str, nbytes: int, world: int, schedule: Schedule) -> LinkClass:
+    def hop(self, kind: Kind, nbytes: int, world: int, schedule: Schedule) -> LinkClass:
         key = (kind, nbytes, world, getattr(schedule, "geo", None))  # an allreduce's segmentation prices its hop
         link = self._hops.get(key)
         if link is None:
             link = self._hops[key] = self.model.hop(kind, nbytes, world, schedule)
         return self.whatif.hop(kind, link)
 
-    def timeline(self, kind: str, nbytes: int, schedule: Schedule, real: RealRanks, t0: float) -> Timeline | None:
+    def timeline(self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float) -> Timeline | None:
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         entry = Entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind))
         return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(self.work))
 
-    def predicted(self, kind: str, nbytes: int, schedule: Schedule, rank: int) -> float:
+    def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank
         emulated), modifiers included."""
         if not self.active:
@@ -60,7 +61,7 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         return schedule.rank_time(hop, rank, schedule.edge_work(self.work)) + self.whatif.entry_delay(kind)
 
-    def message(self, kind: str, src: int, dst: int, nbytes: int) -> float:
+    def message(self, kind: Kind, src: int, dst: int, nbytes: int) -> float:
         """One point-to-point message under the model, what-if modifiers included: its
         path time splits into a latency and a bandwidth that the modifiers scale; the
         emulated sender spends one message's work first, as in a pairwise collective."""
@@ -72,7 +73,7 @@ class ReleaseTiming:
         work = self.work.message
         return work + link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
 
-    def jitter(self, kind: str) -> float:
+    def jitter(self, kind: Kind) -> float:
         return self.whatif.jitter(kind)
 
     def record_lateness(self, seconds: float) -> None:

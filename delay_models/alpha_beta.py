@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from neuronabox.topology import LinkClass, Topology
 
+from neuronabox.schedules import Kind
+
 from . import FREE, WalksSchedule, path_time
 
 # The rank distances each kind's messages travel: rings talk to a neighbour, trees
 # and dissemination at powers of two.
-_RING = {"allreduce": (-1,), "reduce": (-1,), "allgather": (1,)}
+_RING = {Kind.ALLREDUCE: (-1,), Kind.REDUCE: (-1,), Kind.ALLGATHER: (1,)}
 
 
 class AlphaBeta(WalksSchedule):

@@ -20,6 +20,8 @@ import math
 
 from neuronabox.topology import HostWork, LinkClass, Topology
 
+from neuronabox.schedules import Kind
+
 from . import FREE, path_time
 
 
@@ -65,18 +67,18 @@ class CollectiveFormulas:
             return 0.0
         a, b = self._alpha_beta(world)
         w = world
-        if kind == "allreduce":
+        if kind == Kind.ALLREDUCE:
             if self.allreduce == "recursive-doubling":
                 return math.log2(w) * (a + nbytes / b)
             return 2 * (w - 1) * a + 2 * (w - 1) / w * nbytes / b
-        if kind == "allgather":
+        if kind == Kind.ALLGATHER:
             return (w - 1) * a + (w - 1) / w * nbytes / b
-        if kind == "broadcast":
+        if kind == Kind.BROADCAST:
             return math.ceil(math.log2(w)) * (a + nbytes / b)
-        if kind == "barrier":
+        if kind == Kind.BARRIER:
             return math.ceil(math.log2(w)) * a
-        if kind == "reduce":
+        if kind == Kind.REDUCE:
             return w * a + 2 * (w - 1) / w * nbytes / b
-        if kind in ("gather", "scatter", "alltoall"):
+        if kind in (Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL):
             return a + (w - 1) / w * nbytes / b
         raise ValueError(f"no cost formula for collective kind {kind!r}")

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import simpy
 from neuronabox.topology import LinkClass, Topology
 
+from neuronabox.schedules import Kind
+
 from . import FREE, WalksSchedule
 
 MAX_SIMULATED_RANKS = 1024  # patterns repeat; one step of a larger world is simulated on this many ranks
@@ -129,8 +131,8 @@ class PacketNetwork(WalksSchedule):
 
     def _pattern(self, kind: str, world: int) -> list[list[tuple[int, int]]]:
         """The (src, dst) pairs of each distinct step of the kind's algorithm."""
-        if kind in ("allreduce", "reduce", "allgather"):
-            d = 1 if kind == "allgather" else -1
+        if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.ALLGATHER):
+            d = 1 if kind == Kind.ALLGATHER else -1
             return [[(r, (r + d) % world) for r in range(world) for _ in range(2)]]
         return [[(r, (r + (1 << k)) % world) for r in range(world)] for k in range((world - 1).bit_length())]
 
@@ -154,7 +156,7 @@ class PacketNetwork(WalksSchedule):
                         for f, (s, d) in zip(finish, pairs, strict=True)
                     ]
                     slowest = max(drained)
-                    per_flow = 2 if kind in ("allreduce", "reduce", "allgather") else 1
+                    per_flow = 2 if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.ALLGATHER) else 1
                     worst_rate = min(worst_rate, per_flow * size / slowest if slowest > 0 else float("inf"))
             self._hops[key] = LinkClass("hop", worst_rate, worst_lat)
         return self._hops[key]

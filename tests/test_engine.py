@@ -6,7 +6,7 @@ import itertools
 from collections import deque
 
 import pytest
-from neuronabox.controller.dialects.gloo.protocol import Data, GlooPair, RecvReady
+from neuronabox.controller.dialects.gloo.protocol import GLOO, Data, GlooPair, RecvReady
 from neuronabox.controller.dialects.gloo.wire import SlotPrefix, make_slot
 from neuronabox.controller.engine import Conn, Engine, Group, ProtocolError
 
@@ -29,6 +29,7 @@ class RealSide:
         self.out = deque()  # (conn, bytes) the controller wrote
         self.engine = Engine(
             emit=lambda c: self.out.append((c, c.pair.take())),
+            dialect=GLOO,
             request_meta=(lambda g, slot, r, kind: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
@@ -38,7 +39,7 @@ class RealSide:
         for r in real:
             for m in sched.sends(r) + sched.recvs(r):
                 if m.peer not in self.group.real and (r, m.peer) not in self.conns:
-                    self.conns[(r, m.peer)] = Conn(self.group, r, m.peer)
+                    self.conns[(r, m.peer)] = Conn(self.group, r, m.peer, GlooPair())
                     self.mirror[(r, m.peer)] = GlooPair()  # the real side's view of the pair
         self.completed = []
         self.engine.on_complete = self.completed.append

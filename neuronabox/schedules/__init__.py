@@ -3,7 +3,6 @@
 Written once and shared by the live engine, the simulation and the tests.
 """
 
-# Every kind an instance record names: the collectives' schedules, and the two sides of
-# a point-to-point message.
-COLLECTIVE_KINDS = ("allreduce", "allgather", "broadcast", "barrier", "reduce", "gather", "scatter", "alltoall")
-KINDS = (*COLLECTIVE_KINDS, "send", "recv")
+from .kinds import COLLECTIVE_KINDS, KINDS, Kind
+
+__all__ = ["COLLECTIVE_KINDS", "KINDS", "Kind"]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import NamedTuple, Protocol
 
+from .kinds import Kind
+
 MAX_SEGMENT_BYTES = 1 << 20  # Gloo's AllreduceOptions::maxSegmentSize default
 
 
@@ -92,7 +94,7 @@ class Work(Protocol):
 
 class Schedule(Protocol):
     world: int
-    kind: str
+    kind: Kind
 
     def sends(self, rank: int) -> Sequence[Msg]: ...
 
@@ -167,7 +169,7 @@ class RingAllreduce:
     at step t, for the receive and the send of step t-2.
     """
 
-    kind = "allreduce"
+    kind = Kind.ALLREDUCE
 
     def __init__(self, geo: RingGeometry) -> None:
         self.geo = geo
@@ -295,7 +297,7 @@ class RingReduce(RingAllreduce):
     and `with_root` adds it once a real rank's first gather frame names it.
     """
 
-    kind = "reduce"
+    kind = Kind.REDUCE
 
     def __init__(self, geo: RingGeometry, root: int | None = None) -> None:
         super().__init__(geo)
@@ -384,7 +386,7 @@ class RingAllgather:
     metadata exchanges that ride on allgather, such as DDP's parameter count).
     """
 
-    kind = "allgather"
+    kind = Kind.ALLGATHER
 
     def __init__(self, world: int, block_bytes: int) -> None:
         self.world = world
@@ -440,7 +442,7 @@ class BinomialBroadcast:
     """Binomial tree over vrank = (rank - root) mod W: at bit i, vrank v < 2^(i+1)
     sends to v + 2^i when bit i of v is clear, or receives from v - 2^i."""
 
-    kind = "broadcast"
+    kind = Kind.BROADCAST
 
     def __init__(self, world: int, root: int, nbytes: int) -> None:
         self.world = world
@@ -529,7 +531,7 @@ class BinomialBroadcast:
 class DisseminationBarrier:
     """Round k (d = 2^k < W): receive from rank-d, send to rank+d, then wait both."""
 
-    kind = "barrier"
+    kind = Kind.BARRIER
 
     def __init__(self, world: int) -> None:
         self.world = world

@@ -16,12 +16,13 @@ of one message (`edge_work`).
 from __future__ import annotations
 
 from .gloo import Link, MirrorPlan, Msg, RealRanks, SendRef, Work
+from .kinds import Kind
 
 WIRE = -1  # a length the real rank's notice tells
 
 
 class _Pairwise:
-    kind = ""
+    kind: Kind
 
     def __init__(self, world: int, nbytes: int) -> None:
         self.world = world
@@ -46,7 +47,7 @@ class RootedPairwise(_Pairwise):
     """gather (every rank sends its block to the root) or scatter (the root sends each
     rank its block), the root walking its peers in ascending rank order."""
 
-    def __init__(self, kind: str, world: int, root: int, nbytes: int) -> None:
+    def __init__(self, kind: Kind, world: int, root: int, nbytes: int) -> None:
         super().__init__(world, nbytes)
         self.kind = kind
         self.root = root
@@ -64,15 +65,15 @@ class RootedPairwise(_Pairwise):
         return [Msg(j, self._index(j), WIRE) for j in range(self.world) if j != self.root]
 
     def sends(self, rank: int) -> list[Msg]:
-        return self._own(rank) if self.kind == "gather" else self._root_msgs(rank)
+        return self._own(rank) if self.kind == Kind.GATHER else self._root_msgs(rank)
 
     def recvs(self, rank: int) -> list[Msg]:
-        return self._own(rank) if self.kind == "scatter" else self._root_msgs(rank)
+        return self._own(rank) if self.kind == Kind.SCATTER else self._root_msgs(rank)
 
     def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan | None:
         """A gather's emulated block is the mirrored input; a scatter's list exists on
         the root only, so an emulated root's blocks stay zeros."""
-        return MirrorPlan(None, 1) if self.kind == "gather" else None
+        return MirrorPlan(None, 1) if self.kind == Kind.GATHER else None
 
     def lag(self, rank: int, step: int, hop: Link) -> float:
         """When the message of `step` arrives, after entry: the root's link carries the
@@ -88,7 +89,7 @@ class RootedPairwise(_Pairwise):
 class PairwiseAlltoall(_Pairwise):
     """alltoall / alltoallv: at step i = 1..W-1 rank r sends to r+i and receives from r-i."""
 
-    kind = "alltoall"
+    kind = Kind.ALLTOALL
 
     def sends(self, rank: int) -> list[Msg]:
         return [Msg((rank + i) % self.world, i, WIRE) for i in range(1, self.world)]

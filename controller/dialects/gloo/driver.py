@@ -18,9 +18,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ...engine import Conn, Engine, Group
+from ...engine import Engine
+from ...groups import Conn
 from ...net import listener
-from .protocol import GlooPair, WireError
+from .protocol import WireError
 from .wire import SEQ
 
 # epoll sleeps in whole milliseconds, rounded up: sleep until this close to a timer,
@@ -319,4 +320,4 @@ def raise_fd_limit() -> None:
         pass
 
 
-__all__ = ["GlooDriver", "Conn", "Group", "GlooPair", "raise_fd_limit"]
+__all__ = ["GlooDriver", "raise_fd_limit"]

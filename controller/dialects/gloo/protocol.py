@@ -1,4 +1,4 @@
-"""The Gloo pair as the engine sees it: its events, its error, its machine.
+"""The Gloo pair as the engine sees it: the dialect's events, error and machine.
 
 One Gloo TCP pair seen from the controller's side is a sans-IO state machine,
 implemented natively: bytes in, events out; commands in, frames out. It enforces
@@ -10,39 +10,18 @@ driver.py.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.schedules import Kind
 
 from ... import _native
+from ...dialect import Data, Event, RecvReady, SendReady, UnsupportedCollective
+from .wire import SlotPrefix, split_slot
+
+__all__ = ["GLOO", "Data", "Event", "GlooDialect", "GlooPair", "Payload", "RecvReady", "SendReady", "WireError"]
 
 
 class WireError(NeuronaBoxError):
     """A frame that breaks the Gloo protocol, from either side."""
-
-
-class RecvReady(NamedTuple):
-    """The peer posted a receive of `length` bytes on `slot`."""
-
-    slot: int
-    length: int
-
-
-class SendReady(NamedTuple):
-    """The peer has a send of `length` bytes pending on `slot`."""
-
-    slot: int
-    length: int
-
-
-class Data(NamedTuple):
-    """A payload for `slot` (a native `Payload`: bytes-like, forwarded without a copy)."""
-
-    slot: int
-    payload: bytes
-
-
-Event = RecvReady | SendReady | Data
 
 
 # The pair machine is native (controller/native/gloo_pair.h): bytes in, events out;
@@ -52,3 +31,23 @@ Event = RecvReady | SendReady | Data
 _native.bind(WireError, RecvReady, SendReady, Data)
 GlooPair = _native.GlooPair
 Payload = _native.Payload
+
+KIND_OF_PREFIX = {p: Kind[p.name] for p in SlotPrefix}
+
+
+class GlooDialect:
+    """Gloo's slots: the top byte names the collective (0: send/recv, the slot is the tag)."""
+
+    name = "Gloo"
+
+    def classify(self, slot: int) -> tuple[Kind | None, int]:
+        prefix, tag, _ = split_slot(slot)
+        if prefix == 0:
+            return None, slot
+        kind = KIND_OF_PREFIX.get(prefix)
+        if kind is None:
+            raise UnsupportedCollective(f"collective with slot prefix {prefix} (unknown) #{tag}")
+        return kind, tag
+
+
+GLOO = GlooDialect()

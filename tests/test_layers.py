@@ -1,0 +1,61 @@
+"""The import direction tells the layers (DESIGN.md, "Code"): the collective engine
+and its parts know no dialect's frames, and no two controller modules import each
+other, so the engine can be driven by another dialect or in virtual time."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTROLLER = ROOT / "controller"
+DIALECT_NEUTRAL = ["engine", "shape", "matching", "payloads", "accounting", "p2p", "groups", "dialect", "release"]
+
+
+def local_imports(path: Path) -> set[str]:
+    """The controller modules `path` imports (relative imports, resolved to dotted names
+    under controller/), type-checking-only imports included: they are still a cycle."""
+    pkg = path.relative_to(CONTROLLER).parent.parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = list(pkg[: len(pkg) - (node.level - 1)])
+            target = ".".join(base + ([node.module] if node.module else []))
+            names = [target] if node.module else [".".join(base + [a.name]) for a in node.names]
+            found.update(n for n in names if n)
+    return found
+
+
+def modules() -> dict[str, set[str]]:
+    mods = {}
+    for path in CONTROLLER.rglob("*.py"):
+        if "_pb2" in path.name:
+            continue
+        name = ".".join(path.relative_to(CONTROLLER).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = local_imports(path)
+    return mods
+
+
+def test_the_engine_and_its_parts_import_no_dialect():
+    mods = modules()
+    for name in DIALECT_NEUTRAL:
+        assert name in mods, name
+        dialects = sorted(m for m in mods[name] if m.startswith("dialects"))
+        assert not dialects, f"controller/{name}.py imports {dialects}"
+
+
+def test_no_import_cycle_among_controller_modules():
+    mods = modules()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for dep in sorted(mods.get(m, ())):
+            if dep not in mods:
+                continue
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path + [m, dep])
+            if dep not in state:
+                visit(dep, path + [m])
+        state[m] = 2
+
+    for m in sorted(mods):
+        if m not in state:
+            visit(m, [])
