@@ -8,8 +8,8 @@ NNODES ?= 64
 
 .PHONY: setup demo test lint bench clean
 
-# The native data plane (controller/native) is built by pip through pyproject's backend.
-$(BIN)/neuronabox: pyproject.toml $(wildcard controller/native/*.h controller/native/*.cc)
+# The native code (controller/native, neuronabox/schedules/native) is built by pip through pyproject's backend.
+$(BIN)/neuronabox: pyproject.toml $(wildcard controller/native/*.h controller/native/*.cc neuronabox/schedules/native/*.h neuronabox/schedules/native/*.cc)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"

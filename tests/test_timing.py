@@ -264,3 +264,13 @@ def test_whatif_specs():
     ]:
         with pytest.raises(WhatIfError, match=why):
             parse(bad)
+
+
+def test_the_native_ring_timeline_refuses_what_is_not_a_ring():
+    from neuronabox.schedules._timing import RingTimeline
+
+    for real in ([], [3, 1], [0, 8]):
+        with pytest.raises(ValueError, match="real rank"):
+            RingTimeline(8, real, True, 0.0, 1e-5, 0.0, True, {})
+    tl = RingTimeline(8, [0], True, 1.0, 1e-5, 2e-6, False, {})
+    assert (tl.world, tl.t0, tl.pace, tl.work, tl.modeled) == (8, 1.0, 1e-5, 2e-6, False)

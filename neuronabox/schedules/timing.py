@@ -31,6 +31,7 @@ from functools import cache
 
 import numpy as np
 
+from . import _timing
 from .gloo import BinomialBroadcast, DisseminationBarrier, Link, RealRanks, RingAllgather, RingAllreduce, Schedule
 
 NEVER = -math.inf
@@ -87,9 +88,12 @@ class Timeline:
 # ---------------------------------------------------------------------------------
 # rings (allreduce, allgather): two steps in flight, one pace c per two steps
 # ---------------------------------------------------------------------------------
-class RingTimeline(Timeline):
-    """Rank e at distance j downstream of its nearest real rank x (the chain x -> ... -> e
-    is all emulated) is ready for step t at
+def ring_timeline(
+    schedule: RingAllreduce | RingAllgather, hop: Link, entry: Entry, real: RealRanks, modeled: bool, work: float
+) -> _timing.RingTimeline:
+    """A ring's timeline, native (native/ring_timeline.h): it is asked once per emulated
+    message, the hottest question on the path. Rank e at distance j downstream of its
+    nearest real rank x (the chain x -> ... -> e is all emulated) is ready for step t at
 
         max( T + min(j-1, t//2) (c+w),                     entries of the chain
              T + skew(q) + (j-i) (c+w),   if j-i <= t//2,  a straggler q at distance i <= j
@@ -97,55 +101,12 @@ class RingTimeline(Timeline):
 
     where A_x(s) is the latest arrival at x's emulated neighbour of x's sends up to
     step s, and every emulated receiver on the way works w before it sends on. Its
-    message arrives one pace later.
-    """
-
-    def __init__(self, schedule: RingAllreduce | RingAllgather, *args, **kwargs) -> None:
-        super().__init__(schedule, *args, **kwargs)
-        self.c = schedule.pace(self.hop)
-        self.edge = self.c + self.work  # one hop, then the receiver's work
-        self.up = self.real.above if isinstance(schedule, RingAllreduce) else self.real.below
-        self.down = -1 if isinstance(schedule, RingAllreduce) else 1  # where data goes
-        self.sent: dict[int, tuple[list[int], list[float]]] = {}
-        self.cursor: dict[tuple[int, int], int] = {}
-        self.stragglers = {q: d for q, d in self.entry.skew.items() if q not in self.real}
-
-    def real_sent(self, rank: int, step: int, t: float) -> None:
-        steps, times = self.sent.setdefault(rank, ([], []))
-        arrive = t + self.c if self.modeled else t
-        steps.append(step)
-        times.append(max(arrive, times[-1]) if times else arrive)  # prefix maximum
-
-    def _latest(self, x: int, s: int, emu: int) -> float:
-        """A_x(s): queries from one emulated rank come in step order, so a cursor moves forward."""
-        steps, times = self.sent.get(x, ((), ()))
-        key = (x, emu)
-        i = self.cursor.get(key, 0)
-        if i and steps[i - 1] > s:  # out of order: start over (never in the live engine)
-            i = 0
-        while i < len(steps) and steps[i] <= s:
-            i += 1
-        self.cursor[key] = i
-        return times[i - 1] if i else NEVER
-
-    def ready(self, emu: int, step: int) -> float:
-        x, j = self.up(emu)
-        edge, half = self.edge, step // 2
-        t = self.entry.t0 + min(j - 1, half) * edge
-        for q, delay in self.stragglers.items():
-            i = (q - x) * self.down % self.schedule.world
-            if 1 <= i <= j and j - i <= half:  # its late start reaches e after j-i hops
-                t = max(t, self.entry.t0 + delay + (j - i) * edge)
-        s = step - 2 * j
-        if s >= 0:  # x's neighbour works on x's message too
-            t = max(t, self._latest(x, s, emu) + (j - 1) * edge + self.work)
-        return t
-
-    def arrival(self, emu: int, step: int) -> float:
-        return self.ready(emu, step) + self.c
-
-    def boundary_cost(self, emu: int, step: int) -> float:
-        return self.c
+    message arrives one pace c later. The delay model's part, c, comes in once here."""
+    stragglers = {q: d for q, d in entry.skew.items() if q not in real}
+    down = isinstance(schedule, RingAllreduce)  # allreduce data goes to e-1, allgather to e+1
+    return _timing.RingTimeline(
+        schedule.world, real.sorted, down, entry.t0, schedule.pace(hop), work, modeled, stragglers
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -275,12 +236,12 @@ class LagTimeline(Timeline):
 
 def timeline_for(
     schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
-) -> Timeline:
+) -> Timeline | _timing.RingTimeline:
     """The instance's timeline; `work`: seconds per edge, the schedule's `edge_work`."""
     if hasattr(schedule, "lag"):
         return LagTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
-        return RingTimeline(schedule, hop, entry, real, modeled, work)
+        return ring_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, BinomialBroadcast):
         return TreeTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
