@@ -59,3 +59,32 @@ def test_no_import_cycle_among_controller_modules():
     for m in sorted(mods):
         if m not in state:
             visit(m, [])
+
+
+# The tool's layers, bottom up, by folder: what each may import of the tool (besides itself).
+LOWER_LAYERS = {
+    "neuronabox/schedules": {"neuronabox.errors"},
+    "topology": {"neuronabox.errors"},
+    "delay_models": {"neuronabox.errors", "neuronabox.topology", "neuronabox.schedules"},
+}
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """The `neuronabox...` modules `path` imports by absolute name, at any depth."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m == "neuronabox" or m.startswith("neuronabox.")}
+
+
+def test_the_lower_layers_import_only_what_is_below_them():
+    """Schedules and topology stand alone (the simulation and the tests use them without
+    a controller); delay models see topology and the kind vocabulary, nothing else."""
+    for folder, allowed in LOWER_LAYERS.items():
+        own = "neuronabox." + Path(folder).name
+        for path in (ROOT / folder).rglob("*.py"):
+            extra = {m for m in absolute_imports(path) if not m.startswith(own) and m not in allowed}
+            assert not extra, f"{path.relative_to(ROOT)} imports {sorted(extra)}"
