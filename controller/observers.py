@@ -34,6 +34,7 @@ class ObserverHub:
             s, _ = self.sock.accept()
         except BlockingIOError:
             return
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # questions gate collectives: no Nagle
         s.setblocking(False)
         self._bufs[s] = bytearray()
         self._register(s, lambda m, s=s: self._read(s))

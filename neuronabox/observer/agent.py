@@ -105,6 +105,9 @@ def _wrap(c10d) -> None:
 def _serve(host: str, port: int) -> None:
     global _sock
     s = socket.create_connection((host, port), timeout=30)
+    # Replies are small and each one gates a collective: without this, Nagle holds a reply
+    # until the controller's delayed ACK (40 ms) for the one before it.
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.settimeout(None)
     hello = json.dumps({"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid()}).encode() + b"\n"
     with _lock:
