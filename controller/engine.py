@@ -32,7 +32,7 @@ from .outcomes import InstanceRecord, ProtocolError, StateError
 from .p2p import PointToPoint
 from .payloads import Content, Input, PayloadPolicy
 from .release import ReleaseTiming
-from .shape import Ask, ShapeInference
+from .shape import Ask, Grace, ShapeInference
 
 __all__ = ["Conn", "Engine", "Group", "Instance", "InstanceRecord", "Phase", "ProtocolError"]
 
@@ -76,8 +76,9 @@ class Instance:
         self.phase = Phase.RESOLVING
         self.schedule: Schedule | None = None
         self.shape = ShapeInference(
-            self.name(), group, kind, slot, engine.request_meta, engine.call_at, engine.clock, self._grace_over
+            self.name(), group, kind, slot, engine.request_meta, engine.call_at is not None, engine.clock
         )
+        self.grace_timer = False  # a driver timer is set for the end of the shape's grace period
         self.match: FrameMatcher | None = None
         self.payloads = PayloadPolicy(engine.data)
         self.account = Accounting(engine.clock())
@@ -115,10 +116,19 @@ class Instance:
         self._dispatch(conn, ev)
 
     def _try_resolve(self) -> None:
-        if self.phase is Phase.RESOLVING and (sched := self.shape.resolve()) is not None:
+        if self.phase is not Phase.RESOLVING:
+            return
+        sched = self.shape.resolve()
+        if sched is not None:
             self._install(sched)
+        elif self.shape.grace is Grace.RUNNING and not self.grace_timer:
+            # The timer holds the instance only until it fires: no reference cycle keeps a
+            # finished instance (and the payloads it forwarded) alive for the collector.
+            self.grace_timer = True
+            self.engine.call_at(self.shape.grace_until, self._grace_over)
 
     def _grace_over(self) -> None:
+        self.shape.grace_over()
         self._try_resolve()
 
     def on_root(self, root: int | None) -> None:

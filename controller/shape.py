@@ -72,15 +72,15 @@ class ShapeInference:
         kind: Kind,
         slot: int,
         ask: Ask | None,
-        call_at: Callable[[float, Callable[[], None]], None] | None,
+        can_wait: bool,
         clock: Callable[[], float],
-        retry: Callable[[], None],
     ) -> None:
         self.name, self.group, self.kind, self.slot = name, group, kind, slot
-        self._ask, self._call_at, self._clock, self._retry = ask, call_at, clock, retry
+        self._ask, self._can_wait, self._clock = ask, can_wait, clock
         self.question = Question.NOT_ASKED
         self.grace = Grace.NOT_STARTED
         self.root_hint: int | None = None  # a broadcast's root, as the observer knows it
+        self.grace_until = 0.0  # while the grace runs: when to resolve again (the caller's timer)
         self.first: tuple[Conn, Event] | None = None  # the instance's first frame
         self.notices: dict[int, list[tuple[Conn, Event]]] = {}  # real rank -> its frames so far
         self.geometry = ""
@@ -134,9 +134,9 @@ class ShapeInference:
         self.nbytes = geo.total
         return self._ring(geo)
 
-    def _grace_over(self) -> None:
+    def grace_over(self) -> None:
+        """The grace period ended: the next `resolve` decides among the roots left."""
         self._move_grace(Grace.OVER)
-        self._retry()
 
     # -- resolution --------------------------------------------------------------------
     def resolve(self) -> Schedule | None:
@@ -198,10 +198,10 @@ class ShapeInference:
             # true root, does not speak on entry (it waits on a real parent, or has no
             # boundary message). After a grace period in which no other frame came, keep
             # the roots under which every silent real rank is of the second kind.
-            if self._call_at is not None and self.grace is not Grace.OVER:
+            if self._can_wait and self.grace is not Grace.OVER:
                 if self.grace is Grace.NOT_STARTED:
                     self._move_grace(Grace.RUNNING)
-                    self._call_at(self._clock() + ROOT_GRACE_S, self._grace_over)
+                    self.grace_until = self._clock() + ROOT_GRACE_S
                 return None
             sched = {c: BinomialBroadcast(w, c, nbytes) for c in cands}
             fits = {c for c in cands if not any(self._speaks_on_entry(sched[c], r) for r in silent)}

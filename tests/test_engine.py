@@ -229,3 +229,24 @@ def test_an_unknown_collective_names_its_slot_prefix_and_group():
     with pytest.raises(ProtocolError, match=rf"slot prefix {unknown} \(unknown\) #2 on group '0'"):
         side.mirror[(0, 1)].recv_ready(side.slot, 8)
         side.say(0, 1)
+
+
+def test_a_finished_instance_is_freed_at_once():
+    """An instance holds the payloads it forwarded (a 64 MiB ring segment, say): it must go
+    when it completes, by reference counting, not whenever the cyclic collector runs."""
+    import gc
+    import weakref
+
+    world, total, elem = 8, 1 << 16, 4
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, elem))
+    side = RealSide(world, (0, 3), sched, make_slot(SlotPrefix.ALLREDUCE, 3), meta=(total // elem, elem))
+    finished = []
+    complete = side.engine.completed
+    side.engine.completed = lambda inst: (finished.append(weakref.ref(inst)), complete(inst))
+    gc.disable()
+    try:
+        side.start()
+        side.pump()
+        assert len(finished) == 1 and finished[0]() is None
+    finally:
+        gc.enable()
