@@ -107,7 +107,8 @@ class Instance:
 
     # -- shape ---------------------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
-        self.account.enter(conn.real, self.engine.clock())
+        if conn.real not in self.account.rank_times:  # its first frame: it entered now
+            self.account.enter(conn.real, self.engine.clock())
         if self.phase is Phase.RESOLVING:
             self.buffered.append((conn, ev))
             self.shape.note(conn, ev)

@@ -24,6 +24,14 @@ SIZES = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("25 MiB", 25 << 20)]
 WORLDS = [2, 64, 512]
 
 
+def write_pinned_placement(path: Path) -> None:
+    """The paper's setup on loopback: the real node on core 0, the controller on core 1."""
+    from neuronabox.testbed import Host, Placement
+
+    placement = Placement({0: Host("node0", "127.0.0.1", cpus=[0])}, Host("ctl", "127.0.0.2", cpus=[1]))
+    path.write_text(placement.dumps())
+
+
 def result(out: str) -> dict:
     for line in out.splitlines():
         if line.startswith("RESULT "):

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_allreduce import emulated
+from bench_allreduce import emulated, write_pinned_placement
 
 FLOOR_BYTES = 64  # a notice-sized frame
 FLOOR_ROUNDS = 20000
@@ -80,15 +80,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
-        host = {"ifname": "lo", "netns": None, "cgroup": None}
-        placement.write_text(
-            json.dumps(
-                {
-                    "nodes": {"0": {"name": "node0", "address": "127.0.0.1", "cpus": [0], **host}},
-                    "controller": {"name": "ctl", "address": "127.0.0.2", "cpus": [1], **host},
-                }
-            )
-        )
+        write_pinned_placement(placement)
         floors: list[float] = []
         per_msg: dict[int, list[float]] = {w: [] for w in WORLDS}
         ratio: dict[int, list[float]] = {w: [] for w in WORLDS}

@@ -15,7 +15,6 @@ Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_allreduce import result
+from bench_allreduce import result, write_pinned_placement
 
 from neuronabox.launcher import free_port
 
@@ -97,15 +96,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
-        host = {"ifname": "lo", "netns": None, "cgroup": None}
-        placement.write_text(
-            json.dumps(
-                {
-                    "nodes": {"0": {"name": "node0", "address": "127.0.0.1", "cpus": [0], **host}},
-                    "controller": {"name": "ctl", "address": "127.0.0.2", "cpus": [1], **host},
-                }
-            )
-        )
+        write_pinned_placement(placement)
         for nbytes in sizes:
             real: list[dict] = []
             emu: list[dict] = []
