@@ -4,6 +4,7 @@ last boundary time, and the record it leaves in the trace."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from neuronabox.schedules import Kind
 
@@ -17,9 +18,11 @@ class Accounting:
         self.remaining = 0  # of those, not yet crossed
         self.rank_times: dict[int, list[float]] = {}  # real rank -> [entered, last crossed]
 
-    def enter(self, real: int, now: float) -> None:
-        """A real rank's frame: the first one says when it entered the collective."""
+    def enter(self, real: int, clock: Callable[[], float]) -> None:
+        """A real rank's frame: the first one says when it entered the collective (the
+        clock is read for that one only)."""
         if real not in self.rank_times:
+            now = clock()
             self.rank_times[real] = [now, now]
 
     def expect(self, n: int = 1, boundary: bool = True) -> None:

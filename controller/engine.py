@@ -107,8 +107,7 @@ class Instance:
 
     # -- shape ---------------------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
-        if conn.real not in self.account.rank_times:  # its first frame: it entered now
-            self.account.enter(conn.real, self.engine.clock())
+        self.account.enter(conn.real, self.engine.clock)
         if self.phase is Phase.RESOLVING:
             self.buffered.append((conn, ev))
             self.shape.note(conn, ev)
@@ -230,9 +229,10 @@ class Instance:
             m = match.data_frame(conn, len(ev.payload))
             ref = (conn.real, m.step)
             self.payloads.keep(ref, ev.payload)
+            now = self.engine.clock()
             if self.timeline is not None:
-                self.timeline.real_sent(conn.real, m.step, self.engine.clock())
-            self._crossed(conn.real)
+                self.timeline.real_sent(conn.real, m.step, now)
+            self._crossed(conn.real, now)
             for p in self.waiting.pop(ref, ()):
                 p.missing -= 1
                 if p.missing == 0:
@@ -300,8 +300,8 @@ class Instance:
         self.engine.emit(p.conn)
         self._crossed(p.conn.real)
 
-    def _crossed(self, real: int) -> None:
-        if self.account.crossed(real, self.engine.clock()):
+    def _crossed(self, real: int, now: float | None = None) -> None:
+        if self.account.crossed(real, self.engine.clock() if now is None else now):
             self._complete()
 
     def _complete(self) -> None:
