@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import defaultdict
 from dataclasses import asdict
 from datetime import timedelta
 
@@ -27,6 +26,7 @@ from neuronabox.schedules.gloo import (
     DisseminationBarrier,
     RealRanks,
 )
+from neuronabox.trace import RunTotals, TraceWriter
 from neuronabox.whatif import WhatIf
 
 from . import control_pb2
@@ -79,13 +79,14 @@ class Controller:
         self.world = cfg.world_size
         self.group = Group("0", self.world, RealRanks(cfg.real_ranks, self.world))
         self.groups: dict[str, Group] = {"0": self.group}
-        self.records: list[InstanceRecord] = []
         self.topology = topology.load(cfg.topology).with_nodes(cfg.nnodes, cfg.nproc_per_node)
         self.timing = ReleaseTiming(
             delay_models.load(cfg.delay_model, self.topology),
             WhatIf.from_specs(cfg.inject),
             modeled_boundary=cfg.boundary == "modeled",
         )
+        self.totals = RunTotals()
+        self.trace = TraceWriter(cfg.trace_file, self._trace_header()) if cfg.trace_file else None
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._route_seq
         self.driver.periodic = self._periodic
@@ -96,6 +97,7 @@ class Controller:
         self.hub.on_lost = self._observer_lost
         self.hub.on_group = self._on_group
         self.hub.on_anysource = self._on_anysource
+        self.hub.on_step = self._on_step
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.finished = threading.Event()  # the loop has stopped and the state is final
@@ -110,13 +112,24 @@ class Controller:
             emit=driver.write,
             dialect=GLOO,
             request_meta=self._request_meta if self.cfg.observer else None,
-            on_complete=self.records.append,
+            on_complete=self._on_record,
             conn_of=self._open_conn,
             timing=self.timing,
             call_at=driver.call_at,
             data=self.cfg.data,
             request_input=self._request_input if self.cfg.observer else None,
         )
+
+    def _on_record(self, rec: InstanceRecord) -> None:
+        """A finished instance: into the totals and the trace on disk, and then forgotten."""
+        self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        if self.trace is not None:
+            self.trace.instance(asdict(rec))
+
+    def _on_step(self, rank: int, t: float) -> None:
+        self.totals.step(rank, t)
+        if self.trace is not None:
+            self.trace.step(rank, t)
 
     def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
         conn = self.conns.get((group.name, real, emu))
@@ -340,10 +353,9 @@ class Controller:
             print(f"neuronabox controller: error: {self.error}", file=sys.stderr, flush=True)
         else:
             self.state = "stopped"
+        if self.trace is not None:
+            self.trace.close(self._trace_footer())
         self.finished.set()
-        if self.cfg.trace_file:
-            with open(self.cfg.trace_file, "w") as f:
-                json.dump(self.trace(), f)
         self._reply_done.wait(timeout=3)
         self.server.stop(grace=1).wait(2)
         return 3 if self.error else 0
@@ -361,49 +373,55 @@ class Controller:
             os.replace(tmp, self.cfg.ready_file)
 
     # -- reporting -----------------------------------------------------------------------------
-    def trace(self) -> dict:
+    def _trace_header(self) -> dict:
         return {
             "world_size": self.world,
+            "nnodes": self.cfg.nnodes,
+            "nproc_per_node": self.cfg.nproc_per_node,
             "real_ranks": self.cfg.real_ranks,
-            "instances": [asdict(r) for r in list(self.records)],
-            "steps": list(self.hub.steps),
-            "error": self.error,
             "delay_model": self.cfg.delay_model,
             "topology": self.topology.name,
             "boundary": self.cfg.boundary,
             "inject": self.timing.whatif.specs(),
+            "data": self.cfg.data,
+        }
+
+    def _trace_footer(self) -> dict:
+        return {
+            "state": self.state,
+            "error": self.error,
+            "inject": self.timing.whatif.specs(),  # what-if may change during the run
             "release": self.timing.lateness_summary(),
         }
 
     def snapshot(self, final: bool) -> control_pb2.StatusReply:
-        kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0])
-        for rec in list(self.records):
-            k = kinds[rec.kind]
-            k[0] += 1
-            k[1] += rec.nbytes
-            k[2] += sum(b - a for a, b in rec.per_rank.values()) / max(1, len(rec.per_rank))
-            k[3] += rec.boundary_messages
-        steps = sorted(t for _, t in self.hub.steps)
-        iteration = (steps[-1] - steps[0]) / (len(steps) - 1) if len(steps) > 1 else 0.0
+        kinds = list(self.totals.kinds.items())  # one step under the GIL: the loop adds meanwhile
+        steps, iteration = self.totals.iteration()
         reply = control_pb2.StatusReply(
             state=self.state,
             world_size=self.world,
             real_ranks=self.cfg.real_ranks,
             kinds=[
-                control_pb2.KindCounters(kind=n, count=int(c), bytes=int(b), seconds=s, boundary_messages=int(m))
-                for n, (c, b, s, m) in sorted(kinds.items())
+                control_pb2.KindCounters(
+                    kind=n,
+                    count=k.count,
+                    bytes=k.nbytes,
+                    seconds=k.seconds,
+                    boundary_messages=k.boundary_messages,
+                    predicted_s=k.predicted,
+                )
+                for n, k in sorted(kinds)
             ],
-            boundary_messages=sum(int(v[3]) for v in kinds.values()),
+            boundary_messages=sum(k.boundary_messages for _, k in kinds),
             connections=len(self.driver.socks),
             pending=self.driver.engine.pending(),
             error=self.error,
             uptime_s=time.monotonic() - self.t0,
             cpu_s=time.process_time(),
-            steps=len(steps),
+            steps=steps,
             iteration_s=iteration,
         )
         if final and self.state in ("stopped", "failed"):
-            reply.trace_json = json.dumps(self.trace())
             self._reply_done.set()
         return reply
 

@@ -22,7 +22,7 @@ class ObserverHub:
         self.by_rank: dict[int, socket.socket] = {}
         self._bufs: dict[socket.socket, bytearray] = {}
         self._rank_of: dict[socket.socket, int] = {}
-        self.steps: list[tuple[int, float]] = []
+        self.on_step: Callable[[int, float], None] | None = None  # (real rank, time) of an optimizer step
         self.on_reply: Callable[[dict], None] | None = None
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
@@ -69,7 +69,8 @@ class ObserverHub:
                 if self.on_anysource and s in self._rank_of:
                     self.on_anysource(self._rank_of[s], msg["anysource"], msg["tag"], msg["nbytes"])
             elif "step" in msg:
-                self.steps.append((self._rank_of.get(s, -1), msg["t"]))
+                if self.on_step:
+                    self.on_step(self._rank_of.get(s, -1), msg["t"])
             elif "q" in msg and self.on_reply:
                 self.on_reply(msg)
 

@@ -7,6 +7,8 @@ path (success, failure, Ctrl-C), so nothing outlives the launcher.
 
 from __future__ import annotations
 
+import errno
+import importlib.machinery
 import json
 import os
 import random
@@ -17,16 +19,28 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from neuronabox import delay_models, topology
+from neuronabox import trace as tracefile
 from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .summary import format_summary
 from .testbed import Host, Placement
-from .torchrun_args import LaunchArgs, UsageError, index_list, int_flag, parse
+from .torchrun_args import (
+    HELP,
+    LaunchArgs,
+    UsageError,
+    index_list,
+    int_flag,
+    master_endpoint,
+    parse,
+    port_number,
+    without_pet,
+)
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 READY_TIMEOUT_S = 120
@@ -70,6 +84,73 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
         return s.getsockname()[1]
 
 
+def check_port_free(addr: str, port: int) -> None:
+    """Refuse a store port something already listens on here: a second run on it would
+    talk to the first run's store and ranks. An address that is not this host's (a
+    testbed node's) is not checked."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return
+    for family, kind, proto, _, sockaddr in infos[:1]:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+            try:
+                s.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise UsageError(f"--master-port {port} is in use on {addr} (another run?)") from None
+
+
+def check_script(args: LaunchArgs) -> None:
+    """The script exists and compiles (a module is found), so a typo fails here and
+    not after the whole job started."""
+    flags = {f for f, _ in args.torchrun}
+    target = args.script[0]
+    if flags & {"--no-python", "--no_python"}:
+        return
+    if flags & {"-m", "--module"}:
+        top = target.split(".")[0]  # a submodule's spec would import its package
+        if not top or importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            if top not in sys.builtin_module_names:
+                raise UsageError(f"-m {target}: no module named {top!r}")
+        return
+    path = Path(target)
+    if path.is_dir():
+        if not (path / "__main__.py").is_file():
+            raise UsageError(f"{target}: a folder without __main__.py, not a script")
+        path = path / "__main__.py"
+    elif not path.is_file():
+        raise UsageError(f"no script {target!r} to run")
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {target}: {exc.strerror}") from None
+    if source[:4] == b"PK\x03\x04":  # a zip application: python runs its __main__
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(source, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            where = f" at line {exc.lineno}" if exc.lineno else ""
+            raise UsageError(f"{path}: syntax error{where}: {exc.msg}") from None
+        except ValueError as exc:  # null bytes (before Python 3.12)
+            raise UsageError(f"{path}: not a Python script ({exc})") from None
+
+
+def check_writable(flag: str, target: str) -> None:
+    """A file the run writes at its end: its folder exists and takes it, checked now."""
+    path = Path(target)
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{flag} {target}: is a folder")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {target}: no folder {str(folder)!r} to write into")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {target}: not writable")
+
+
 def torch_version(python: str, env: dict[str, str]) -> tuple[int, int]:
     out = subprocess.run(
         [python, "-c", "import torch; print(torch.__version__)"],
@@ -103,6 +184,7 @@ def _stop(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
 class Run:
     def __init__(self, args: LaunchArgs) -> None:
         self.args = args
+        check_script(args)
         self.nnodes = int_flag(args, ("--nnodes",), 1)
         self.nproc = int_flag(args, ("--nproc-per-node",), 1)
         self.world = self.nnodes * self.nproc
@@ -118,8 +200,10 @@ class Run:
         if mode not in ("auto", "full", "lazy"):
             raise UsageError(f"--gloo-mode is auto, full or lazy, got {mode!r}")
         self.lazy = mode == "lazy" or (mode == "auto" and self.world > LAZY_ABOVE)
-        self.master_addr = args.get("--master-addr") or "127.0.0.1"
-        self.master_port = int(args.get("--master-port") or free_port(self.master_addr))
+        addr, port = master_endpoint(args)
+        self.master_addr = addr or "127.0.0.1"
+        port_flag = "--rdzv-endpoint" if args.get("--rdzv-endpoint") else "--master-port"
+        self.master_port = port_number(args, port_flag, port) if port else free_port(self.master_addr)
         self.run_id = args.get("--rdzv-id") or f"nbx{os.getpid()}"
         self.observer = "--no-observer" not in args.switches
         self.topology = args.ours.get("--topology", "cpu-25gbe")
@@ -146,6 +230,9 @@ class Run:
             if m.what == "straggler" and (m.rank >= self.world or m.rank in real):
                 raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
         self.placement = self._placement(args.ours.get("--placement"))
+        if args.ours.get("--trace"):
+            check_writable("--trace", args.ours["--trace"])
+        check_port_free(self.master_addr, self.master_port)
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
@@ -185,6 +272,12 @@ class Run:
         return self.placement.nodes[node] if self.placement else Host(f"node{node}", self.master_addr)
 
     @property
+    def trace_path(self) -> str:
+        """Where the controller streams the trace: the user's --trace file, or the run folder."""
+        given = self.args.ours.get("--trace")
+        return str(Path(given).resolve()) if given else str(self.dir / "trace.jsonl")
+
+    @property
     def real_ranks(self) -> list[int]:
         return real_ranks_of(self.real_nodes, self.nproc, self.direct_ranks)
 
@@ -202,7 +295,7 @@ class Run:
             gloo_host=here.address if here else self.args.ours.get("--gloo-host", "127.0.0.2"),
             observer_host=here.address if here else "127.0.0.1",
             ready_file=str(self.dir / "ready.json"),
-            trace_file=str(self.dir / "trace.json"),
+            trace_file=self.trace_path,
             observer=self.observer,
             data=self.data,
             topology=self.topology,
@@ -230,7 +323,9 @@ class Run:
         info = json.loads(ready.read_text())
         self.control_addr = info["control"]
         RUNS_DIR.mkdir(exist_ok=True)
-        (RUNS_DIR / "latest.json").write_text(json.dumps({"control": self.control_addr, "pid": os.getpid()}))
+        entry = json.dumps({"control": self.control_addr, "pid": os.getpid(), "dir": str(self.dir)})
+        (RUNS_DIR / f"{os.getpid()}.json").write_text(entry)  # `neuronabox status` lists every live run
+        (RUNS_DIR / "latest.json").write_text(entry)
         return info
 
     def controller_cause(self) -> str:
@@ -247,7 +342,7 @@ class Run:
         return f"the controller exited with status {code}"
 
     def torchrun_env(self, observer_addr: str) -> dict[str, str]:
-        env = dict(os.environ)
+        env = without_pet(os.environ)  # read into self.args; torchrun would take them over our flags
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, self.real_ranks))
         env["NEURONABOX_WORLD_SIZE"] = str(self.world)
@@ -264,7 +359,10 @@ class Run:
         return env
 
     def start_torchruns(self, env: dict[str, str]) -> None:
-        self.args.drop("--master-addr", "--master-port", "--rdzv-backend", "--rdzv-id", "--nnodes", "--nproc-per-node")
+        self.args.drop(
+            "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--nnodes",
+            "--nproc-per-node",
+        )  # fmt: skip
         passthrough = [f"{f}={v}" if v is not None else f for f, v in self.args.torchrun]
         for node in self.real_nodes:
             cmd = [
@@ -356,11 +454,8 @@ class Run:
             pass
         if reply is None or reply.state == "failed":
             raise LaunchError(f"controller failed: {reply.error if reply is not None else self.controller_cause()}")
-        trace = json.loads(reply.trace_json) if reply.trace_json else {}
-        print(format_summary(reply, trace), flush=True)
-        trace_out = self.args.ours.get("--trace")
-        if trace_out:
-            Path(trace_out).write_text(json.dumps(trace, indent=1))
+        header, footer = tracefile.ends(self.trace_path)
+        print(format_summary(reply, header, footer), flush=True)
         return 0
 
     def let_real_ranks_fail(self, grace: float = 15.0) -> None:
@@ -389,11 +484,16 @@ class Run:
         for p in self.torchruns:
             _stop(p)
         _stop(self.controller, grace=10)
+        (RUNS_DIR / f"{os.getpid()}.json").unlink(missing_ok=True)
 
 
 def torchrun_main(argv: list[str]) -> int:
     try:
-        run = Run(parse(argv))
+        args = parse(argv)
+        if args.help:
+            print(HELP)
+            return 0
+        run = Run(args)
     except UsageError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
@@ -407,6 +507,7 @@ def torchrun_main(argv: list[str]) -> int:
         return 2
     except LaunchError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
+        print(f"neuronabox: the run's logs are in {run.dir}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("neuronabox: interrupted", file=sys.stderr)

@@ -25,35 +25,33 @@ def iteration_time(steps: list[list[float]] | list[tuple[int, float]]) -> tuple[
     return len(ts), statistics.median(b - a for a, b in zip(ts, ts[1:], strict=False))
 
 
-def format_summary(reply, trace: dict) -> str:
+def format_summary(reply, header: dict, footer: dict) -> str:
+    """The summary from the controller's final status and the trace's header and footer."""
+    inject = footer.get("inject", header.get("inject", []))
     lines = [
         "NeuronaBox summary",
         f"  world size      {reply.world_size}",
         f"  real ranks      {', '.join(map(str, reply.real_ranks))}",
         f"  boundary msgs   {reply.boundary_messages}   controller CPU {reply.cpu_s:.2f} s",
-        f"  network         {trace.get('delay_model', '?')} on {trace.get('topology', '?')}"
-        f" ({trace.get('boundary', 'modeled')} boundary)" + "".join(f"  +{s}" for s in trace.get("inject", [])),
+        f"  network         {header.get('delay_model', '?')} on {header.get('topology', '?')}"
+        f" ({header.get('boundary', 'modeled')} boundary)" + "".join(f"  +{s}" for s in inject),
         "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)",
     ]
-    predicted: dict[str, list[float]] = {}
-    for rec in trace.get("instances", []):
-        predicted.setdefault(rec["kind"], []).append(rec.get("predicted", 0.0))
     for k in reply.kinds:
         mean = k.seconds / k.count if k.count else 0.0
-        model = predicted.get(k.kind) or [0.0]
+        model = k.predicted_s / k.count if k.count else 0.0
         lines.append(
             f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
-            f"               {sum(model) / len(model) * 1e3:9.3f} ms"
+            f"               {model * 1e3:9.3f} ms"
         )
-    rel = trace.get("release", {})
+    rel = footer.get("release", {})
     if rel.get("timed_releases"):
         lines.append(
             f"  release timing  {rel['timed_releases']} timed messages, late by {rel['median_us']:.0f} us median,"
             f" {rel['p99_us']:.0f} us p99"
         )
-    n, it = iteration_time(trace.get("steps", []))
-    if n:
-        lines.append(f"  optimizer steps {n}   iteration time {it * 1e3:.2f} ms")
+    if reply.steps:
+        lines.append(f"  optimizer steps {reply.steps}   iteration time {reply.iteration_s * 1e3:.2f} ms")
     else:
         lines.append("  optimizer steps not observed (no observer); iteration time unknown")
     return "\n".join(lines)

@@ -7,9 +7,7 @@ iteration time against the injected value.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import subprocess
 import sys
 import tempfile
@@ -17,6 +15,7 @@ from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
 
+from . import trace as tracefile
 from .summary import iteration_time
 from .whatif import WhatIfError, parse
 
@@ -47,21 +46,32 @@ def run_one(spec: str, launch: list[str], script: list[str], trace: Path) -> dic
     cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", *launch, "--inject", spec, "--trace", str(trace)]
     proc = subprocess.run([*cmd, *script], capture_output=True, text=True)
     if proc.returncode != 0:
-        cause = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        lines = proc.stderr.strip().splitlines()
+        cause = ([ln for ln in lines if ln.startswith("neuronabox: error:")] or lines or ["no output"])[-1]
         raise SweepError(f"the run with {spec} failed: {cause}")
-    return json.loads(trace.read_text())
+    return tracefile.load(trace)
 
 
 def sweep_main(argv: list[str]) -> int:
-    if "--" not in argv:
-        print("neuronabox: error: whatif needs the script after --", file=sys.stderr)
-        return 2
-    i = argv.index("--")
+    from .cli import ArgParser
+
+    i = argv.index("--") if "--" in argv else len(argv)
     ours, script = argv[:i], argv[i + 1 :]
-    p = argparse.ArgumentParser(prog="neuronabox whatif", add_help=True)
+    p = ArgParser(
+        prog="neuronabox whatif",
+        usage="neuronabox whatif --sweep KEY=V1,V2,... [--with OPTS] [--out PREFIX] [launch flags] -- script.py [args]",
+        description="Run the job once per value with --inject KEY=VALUE and write a CSV table and a PNG plot of "
+        "the iteration time against the value. Launch flags are those of `neuronabox torchrun`.",
+    )
     p.add_argument("--sweep", required=True, help="KEY=V1,V2,... (latency, bandwidth or jitter)")
     p.add_argument("--with", dest="extra", default="", help="options added to every spec, e.g. per=collective")
     p.add_argument("--out", default="whatif", help="output prefix: PREFIX.csv and PREFIX.png")
+    if "-h" in ours or "--help" in ours:
+        p.print_help()
+        return 0
+    if "--" not in argv:
+        print("neuronabox: error: whatif needs the script after --", file=sys.stderr)
+        return 2
     ns, launch = p.parse_known_args(ours)
     if not script:
         print("neuronabox: error: no training script given after --", file=sys.stderr)

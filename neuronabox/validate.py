@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import trace as tracefile
 from .calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
 from .testbed import Host, Loopback, Netns, Placement, TestbedError, TestbedUnavailable, check_netns_possible
 from .torchrun_args import UsageError, index_list, int_flag, parse
@@ -229,7 +229,7 @@ class Runner:
         self.spawn(placement.controller, cmd, log, self.env(placement.controller))
         self.wait("emulated", rep)
         result = RunResult("emulated", rep, iteration_ms([log], j.rank), time.monotonic() - t0)
-        result.cpu_per_msg_us, result.model_interval_us = controller_pace(json.loads(trace.read_text()))
+        result.cpu_per_msg_us, result.model_interval_us = controller_pace(tracefile.load(trace))
         return result
 
 

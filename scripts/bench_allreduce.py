@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from neuronabox.launcher import free_port
+from neuronabox.trace import load as load_trace
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -90,11 +91,11 @@ def emulated(
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-3000:])
         med = result(proc.stdout)["allreduce"]["median_s"]
-        inst = [i for i in json.loads(trace.read_text())["instances"] if i["kind"] == "allreduce"]
+        inst = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce"]
         timed = inst[-reps:]
         before = inst[-reps - 1]
         # barriers between the allreduces complete inside the window too: count their messages
-        allinst = json.loads(trace.read_text())["instances"]
+        allinst = load_trace(trace)["instances"]
         window = [i for i in allinst if before["loop_cpu"] < i["loop_cpu"] <= timed[-1]["loop_cpu"]]
         msgs = sum(i["boundary_messages"] for i in window)
         cpu = timed[-1]["loop_cpu"] - before["loop_cpu"]

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from neuronabox.trace import load as load_trace
+
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
 
@@ -37,7 +39,7 @@ def run(nnodes: int, nbytes: int, reps: int, model: str, topology: str) -> dict:
             raise RuntimeError(proc.stderr[-3000:])
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
         measured = json.loads(line[7:])["allreduce"]["median_s"]
-        doc = json.loads(trace.read_text())
+        doc = load_trace(trace)
     insts = doc["instances"]
     timed = [i for i in insts if i["kind"] == "allreduce" and i["nbytes"] >= nbytes][-reps:]
     first = insts.index(timed[0])

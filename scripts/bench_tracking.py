@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from neuronabox.trace import load as load_trace
+
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
 KINDS = ("allreduce", "allgather", "broadcast", "barrier")
@@ -47,7 +49,7 @@ def one_run(model: str, topology: str, nnodes: int, nbytes: int, reps: int) -> d
             raise RuntimeError(proc.stderr[-3000:])
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
         measured = json.loads(line[7:])
-        instances = json.loads(trace.read_text())["instances"]
+        instances = load_trace(trace)["instances"]
     out = {}
     for kind in KINDS:
         sizes = [i for i in instances if i["kind"] == kind]

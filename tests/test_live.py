@@ -1,9 +1,9 @@
 """End to end: the stock torchrun, PyTorch and Gloo against the real controller."""
 
-import json
-
 import pytest
 from conftest import EXAMPLE, SCRIPTS
+
+from neuronabox.trace import load as load_trace
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
 
@@ -28,7 +28,7 @@ def test_ddp_example_one_real_rank(run, nnodes, tmp_path):
     assert res.out.count("grad check ok") == 3
     assert f"world size      {nnodes}" in res.out
     assert "optimizer steps 3" in res.out
-    data = json.loads(trace.read_text())
+    data = load_trace(trace)
     kinds = {i["kind"] for i in data["instances"]}
     assert {"allreduce", "allgather", "broadcast"} <= kinds
     assert all(i["boundary_messages"] > 0 for i in data["instances"])

@@ -9,6 +9,8 @@ import statistics
 import pytest
 from conftest import EXAMPLE, ROOT, Live, nbx
 
+from neuronabox.trace import load as load_trace
+
 LOOP = str(ROOT / "scripts" / "collective_loop.py")
 SLOW_LAB = """name: slow-lab
 nodes: 8
@@ -31,7 +33,7 @@ def timed(*launch: str, kinds: str, nbytes: int = 4096, reps: int = 8, root: int
 
 def predicted_of(trace) -> dict:
     """The model's time per kind, from a run's trace (the same for every instance of a kind)."""
-    return {r["kind"]: r["predicted"] for r in json.loads(trace.read_text())["instances"]}
+    return {r["kind"]: r["predicted"] for r in load_trace(trace)["instances"]}
 
 
 def test_latency_per_collective_lands_on_its_kind_only(tmp_path):
@@ -61,7 +63,7 @@ def test_real_rank_tracks_the_model(tmp_path):
         "--nnodes", "8", "--topology", str(topo), kinds="allreduce,allgather,broadcast,barrier",
         nbytes=1 << 20, reps=5, root=1, trace=trace,
     )  # fmt: skip
-    doc = json.loads(trace.read_text())
+    doc = load_trace(trace)
     big = [r for r in doc["instances"] if r["nbytes"] >= 1 << 17 or r["kind"] == "barrier"]
     predicted = {r["kind"]: r["predicted"] for r in big}
     # The rank may also see the releases' own lateness, as the same run measured it.
@@ -142,6 +144,6 @@ def test_single_message_instance_released_at_once(tmp_path):
     leaves at once and the instance completes once."""
     trace = tmp_path / "trace.json"
     timed("--nnodes", "2", kinds="broadcast", root=1, reps=3, trace=trace)
-    bcasts = [r for r in json.loads(trace.read_text())["instances"] if r["kind"] == "broadcast"]
+    bcasts = [r for r in load_trace(trace)["instances"] if r["kind"] == "broadcast"]
     assert len(bcasts) == 3 + 3  # warm-ups and repetitions, each completed once
     assert all(r["boundary_messages"] == 1 for r in bcasts)
