@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [--gloo-mode auto|full|lazy]
@@ -16,6 +17,45 @@ USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [-
        neuronabox validate [torchrun flags] [--real-ranks ...] [--testbed loopback|netns] [--rate RATE]
                            [--repeat K] [--csv FILE] -- script.py [args]
        neuronabox topology show NAME|FILE"""
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse, its errors in the tool's one line (exit status 2)."""
+
+    def error(self, message: str):
+        print(f"neuronabox: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def live_runs() -> list[dict]:
+    """Every run registered in RUNS_DIR/<launcher pid>.json whose launcher lives; the
+    files of dead ones are removed."""
+    from .launcher import RUNS_DIR
+
+    runs = []
+    for f in sorted(RUNS_DIR.glob("*.json")):
+        if not f.stem.isdigit():
+            continue
+        try:
+            entry = json.loads(f.read_text())
+            alive = _alive(int(entry["pid"])) and bool(entry["control"])
+        except (OSError, KeyError, ValueError, TypeError):
+            continue  # being written, or gone
+        if alive:
+            runs.append(entry)
+        else:
+            f.unlink(missing_ok=True)
+    return runs
 
 
 def _control_address(given: str | None) -> str | None:
@@ -34,17 +74,35 @@ def status_main(argv: list[str]) -> int:
     from neuronabox.controller import control_pb2
     from neuronabox.controller.service import connect
 
-    p = argparse.ArgumentParser(prog="neuronabox status")
-    p.add_argument("--address", help="the controller's control address (default: the latest run)")
+    p = ArgParser(prog="neuronabox status")
+    p.add_argument("--address", help="the controller's control address (default: every live run)")
     ns = p.parse_args(argv)
-    address = _control_address(ns.address)
-    if address is None:
-        return 2
+    if ns.address is None:
+        runs = live_runs()
+        if not runs:
+            print("neuronabox: error: no run found; pass --address", file=sys.stderr)
+            return 2
+        answered = 0
+        for n, entry in enumerate(runs):
+            print(("\n" if n else "") + f"run of launcher {entry['pid']} (--address {entry['control']})")
+            try:
+                reply = connect(entry["control"], timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
+            except Exception:
+                print("  no controller answers")
+                continue
+            answered += 1
+            _print_status(reply)
+        return 0 if answered else 1
     try:
-        reply = connect(address, timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
+        reply = connect(ns.address, timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
     except Exception:
-        print(f"neuronabox: error: no controller answers at {address}", file=sys.stderr)
+        print(f"neuronabox: error: no controller answers at {ns.address}", file=sys.stderr)
         return 1
+    _print_status(reply)
+    return 0
+
+
+def _print_status(reply) -> None:
     print(
         f"state {reply.state}  world {reply.world_size}  real ranks {list(reply.real_ranks)}  "
         f"connections {reply.connections}  boundary messages {reply.boundary_messages}  "
@@ -56,7 +114,6 @@ def status_main(argv: list[str]) -> int:
         print(f"  in flight: {line}")
     if reply.error:
         print(f"  error: {reply.error}")
-    return 0
 
 
 def inject_main(argv: list[str]) -> int:
@@ -66,7 +123,7 @@ def inject_main(argv: list[str]) -> int:
 
     from .whatif import WhatIfError, parse
 
-    p = argparse.ArgumentParser(prog="neuronabox inject")
+    p = ArgParser(prog="neuronabox inject")
     p.add_argument("--address", help="the controller's control address (default: the latest run)")
     p.add_argument("--clear", action="store_true", help="drop the active modifiers first")
     p.add_argument("specs", nargs="*", help="as for --inject, e.g. latency=+2ms,per=collective")
@@ -99,6 +156,9 @@ def inject_main(argv: list[str]) -> int:
 def topology_main(argv: list[str]) -> int:
     from neuronabox.topology import PRESETS, TopologyError, load
 
+    if argv in (["-h"], ["--help"]):
+        print(f"usage: neuronabox topology show NAME|FILE  (presets: {', '.join(sorted(PRESETS))})")
+        return 0
     if len(argv) != 2 or argv[0] != "show":
         print(f"usage: neuronabox topology show NAME|FILE  (presets: {', '.join(sorted(PRESETS))})", file=sys.stderr)
         return 2

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from neuronabox.errors import NeuronaBoxError
 
 # torchrun flags that take no value; every other flag takes one.
-TORCHRUN_SWITCHES = {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path"}
+TORCHRUN_SWITCHES = {
+    "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+    "--virtual-local-rank", "--virtual_local_rank",
+}  # fmt: skip
 OURS = {
     "--real-nodes",
     "--real-ranks",
@@ -29,6 +34,50 @@ REFUSED = {
 }
 
 
+# torchrun reads every flag also from PET_<NAME> (its `env` action), the command line
+# winning. The launcher reads these itself, as defaults for flags not on the command line,
+# and keeps them out of torchrun's environment, where they would override the flags it
+# passes. Other PET_* variables (PET_MAX_RESTARTS, ...) stay for torchrun to read.
+PET_FLAGS = {
+    "PET_NNODES": "--nnodes",
+    "PET_NPROC_PER_NODE": "--nproc-per-node",
+    "PET_RDZV_BACKEND": "--rdzv-backend",
+    "PET_RDZV_ENDPOINT": "--rdzv-endpoint",
+    "PET_RDZV_ID": "--rdzv-id",
+    "PET_MASTER_ADDR": "--master-addr",
+    "PET_MASTER_PORT": "--master-port",
+}
+PET_SWITCHES = {"PET_MODULE": "--module", "PET_NO_PYTHON": "--no-python", "PET_RUN_PATH": "--run-path"}
+PET_IGNORED = {"PET_NODE_RANK", "PET_STANDALONE"}  # the launcher sets each node's rank; standalone is refused
+PET_VARS = {*PET_FLAGS, *PET_SWITCHES, *PET_IGNORED}
+_CANONICAL = {"-m": "--module", "--no_python": "--no-python", "--run_path": "--run-path"}
+
+HELP = """usage: neuronabox torchrun [torchrun flags] [neuronabox flags] script.py [script args]
+       neuronabox torchrun [flags] -m module [args]  |  --no-python program [args]
+
+Runs script.py on stock torchrun for the real nodes and emulates every other rank of
+the world (--nnodes x --nproc-per-node).
+
+neuronabox flags:
+  --real-nodes N[,N..]        the nodes that really run (default 0); or --real-ranks R[,R..]
+  --topology NAME|FILE        the emulated cluster (default cpu-25gbe; see `neuronabox topology show`)
+  --delay-model NAME          how the network is timed (default alpha-beta)
+  --boundary modeled|real     modeled: the controller adds the boundary hop's cost; real: the link
+                              to the real rank is itself a cluster link (a testbed)
+  --inject SPEC               a what-if modifier, e.g. latency=+2ms or bandwidth=x0.5 (repeatable)
+  --gloo-mode auto|full|lazy  Gloo's connection mode (auto: lazy above 64 ranks)
+  --data zeros|mirror         what the emulated ranks send (mirror needs the observer)
+  --no-observer               run without the observer in the real ranks
+  --trace FILE                write the run's trace to FILE
+  --placement FILE            where real nodes and the controller run (written by validate)
+  --gloo-host ADDR            the address the emulated ranks listen on (default 127.0.0.2)
+
+torchrun flags (--nnodes, --nproc-per-node, --master-addr, --master-port, --rdzv-endpoint
+with the static backend, --max-restarts, --log-dir, -m, --no-python, ...) are torchrun's own,
+also read from PET_* variables; see `python -m torch.distributed.run --help`. The launcher
+sets --node-rank for each real node; --standalone and other rendezvous backends are refused."""
+
+
 class UsageError(NeuronaBoxError, ValueError):
     """Bad input on the command line: one line, exit status 2."""
 
@@ -40,6 +89,8 @@ class LaunchArgs:
     switches: set[str] = field(default_factory=set)
     repeated: dict[str, list[str]] = field(default_factory=dict)
     script: list[str] = field(default_factory=list)  # script (or module) and its arguments
+    help: bool = False  # -h/--help before the script
+    from_env: dict[str, str] = field(default_factory=dict)  # flag -> the PET_* variable it came from
 
     def get(self, *names: str) -> str | None:
         for flag, value in self.torchrun:
@@ -47,15 +98,25 @@ class LaunchArgs:
                 return value
         return None
 
+    def origin(self, flag: str) -> str:
+        """Where a flag's value came from, for a message: the flag, or its PET_* variable."""
+        return self.from_env.get(flag, flag)
+
     def drop(self, *names: str) -> None:
         self.torchrun = [(f, v) for f, v in self.torchrun if f not in names]
 
 
-def parse(argv: list[str]) -> LaunchArgs:
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchArgs:
+    """The command line, with torchrun's PET_* variables (from `environ`, by default
+    os.environ) as defaults for the flags it lacks."""
     out = LaunchArgs()
     i = 0
     while i < len(argv):
         tok = argv[i]
+        if tok in ("-h", "--help"):
+            out.help = True
+            i += 1
+            continue
         if tok == "--":
             out.script = argv[i + 1 :]
             break
@@ -82,9 +143,68 @@ def parse(argv: list[str]) -> LaunchArgs:
             else:
                 out.torchrun.append((flag.replace("_", "-") if flag.startswith("--") else flag, value))
         i += 1
+    if out.help:
+        return out
     if not out.script:
         raise UsageError("no training script given")
+    _pet_defaults(out, os.environ if environ is None else environ)
     return out
+
+
+def _pet_defaults(out: LaunchArgs, environ: Mapping[str, str]) -> None:
+    given = {_CANONICAL.get(f, f) for f, _ in out.torchrun}
+    for var, flag in PET_FLAGS.items():
+        value = environ.get(var, "").strip()
+        if value and flag not in given:
+            out.torchrun.append((flag, value))
+            out.from_env[flag] = var
+    for var, flag in {**PET_SWITCHES, "PET_STANDALONE": "--standalone"}.items():
+        value = environ.get(var, "").strip()
+        if not value:
+            continue
+        try:
+            on = int(value) != 0
+        except ValueError:
+            raise UsageError(f"{var} is 0 or 1, got {value!r}") from None
+        if on and flag == "--standalone":
+            raise UsageError(f"{var}={value}: {REFUSED[flag]}")
+        if on and flag not in given:
+            out.torchrun.append((flag, None))
+            out.from_env[flag] = var
+
+
+def without_pet(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the PET_* variables the launcher reads: torchrun would take them
+    over the flags the launcher gives it."""
+    return {k: v for k, v in env.items() if k not in PET_VARS}
+
+
+def port_number(args: LaunchArgs, flag: str, raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise UsageError(f"{args.origin(flag)} must be a port number (1..65535), got {raw!r}")
+    return port
+
+
+def master_endpoint(args: LaunchArgs) -> tuple[str | None, str | None]:
+    """(address, port) of the run's store as given. torchrun's static rendezvous takes
+    --rdzv-endpoint HOST:PORT over --master-addr/--master-port when both are given."""
+    endpoint = (args.get("--rdzv-endpoint") or "").strip()
+    if not endpoint:
+        return args.get("--master-addr"), args.get("--master-port")
+    if endpoint.startswith("[") and endpoint.endswith("]"):
+        host, port = endpoint, ""
+    else:
+        host, _, port = endpoint.rpartition(":")
+    host = host[1:-1] if len(host) > 1 and host[0] == "[" and host[-1] == "]" else host
+    if not host or not port:
+        raise UsageError(
+            f"{args.origin('--rdzv-endpoint')} takes HOST:PORT for the static rendezvous, got {endpoint!r}"
+        )
+    return host, port
 
 
 def int_flag(args: LaunchArgs, names: tuple[str, ...], default: int) -> int:
@@ -94,9 +214,9 @@ def int_flag(args: LaunchArgs, names: tuple[str, ...], default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise UsageError(f"{names[0]} must be a fixed whole number, got {raw!r}") from None
+        raise UsageError(f"{args.origin(names[0])} must be a fixed whole number, got {raw!r}") from None
     if value < 1:
-        raise UsageError(f"{names[0]} must be at least 1, got {value}")
+        raise UsageError(f"{args.origin(names[0])} must be at least 1, got {value}")
     return value
 
 

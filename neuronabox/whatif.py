@@ -13,6 +13,7 @@ broadcast, barrier, reduce, gather, scatter, alltoall) or a point-to-point send 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -76,7 +77,7 @@ def parse(spec: str) -> Modifier:
             factor = float(raw.removeprefix("x"))
         except ValueError:
             factor = 0.0
-        if factor <= 0:
+        if not (math.isfinite(factor) and factor > 0):
             raise WhatIfError(f"{spec!r}: bandwidth takes a positive factor such as x0.5, got {raw!r}")
         return Modifier("bandwidth", factor, op=op, spec=spec)
     if what == "jitter":

@@ -36,18 +36,19 @@ _TIME = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 def parse_bandwidth(text: object, field: str) -> float:
     """Bytes per second."""
     m = _BW.match(str(text))
-    if not m or float(m.group(1)) <= 0:
+    value = float(m.group(1)) * _SCALE[m.group(2)] if m else 0.0
+    if not (math.isfinite(value) and value > 0):  # a run of digits too long for a float is inf
         raise TopologyError(f"{field}: expected a bandwidth such as '100Gb/s' or '25GB/s', got {text!r}")
-    value = float(m.group(1)) * _SCALE[m.group(2)]
     return value / 8 if m.group(3) == "b" else value
 
 
 def parse_latency(text: object, field: str) -> float:
     """Seconds."""
     m = _LAT.match(str(text))
-    if not m:
+    value = (0.0 if m.group(3) else float(m.group(1)) * _TIME[m.group(2)]) if m else math.nan
+    if not math.isfinite(value):
         raise TopologyError(f"{field}: expected a latency such as '2us' or '1.5ms', got {text!r}")
-    return 0.0 if m.group(3) else float(m.group(1)) * _TIME[m.group(2)]
+    return value
 
 
 def _link(spec: object, field: str) -> LinkClass:
@@ -151,10 +152,14 @@ def load(name_or_file: str) -> Topology:
     path = Path(name_or_file)
     if not path.exists():
         raise TopologyError(f"no preset or file named {name_or_file!r} (presets: {', '.join(sorted(PRESETS))})")
+    if path.is_dir():
+        raise TopologyError(f"{path}: a folder, not a topology file (a preset name or a YAML file)")
     import yaml
 
     try:
         doc = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     except yaml.YAMLError as exc:
         raise TopologyError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     try:
