@@ -143,10 +143,11 @@ def write_topology(cal: Calibration, path: Path) -> None:
 
 def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
     """Run the probe's two ranks on the two hosts; rank 0's measurements."""
-    from .launcher import _stop, free_port
+    from .launcher import free_port
+    from .reaping import Family
 
     port = free_port(hosts[0].address) if not hosts[0].netns else 29500 + os.getpid() % 1000
-    procs: list[subprocess.Popen] = []
+    family = Family()
     try:
         for rank, host in enumerate(hosts):
             env = dict(
@@ -162,7 +163,7 @@ def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
                 NEURONABOX_PROBE_SECONDS=str(seconds),
                 OMP_NUM_THREADS="1",
             )
-            procs.append(
+            family.add(
                 subprocess.Popen(
                     [sys.executable, "-m", "neuronabox.calibrate_probe"],
                     env=env,
@@ -174,17 +175,16 @@ def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
                 )
             )
         try:
-            out, err = procs[0].communicate(timeout=PROBE_TIMEOUT_S)
+            out, err = family.children[0].communicate(timeout=PROBE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise TestbedError(f"the calibration probe did not finish within {PROBE_TIMEOUT_S} s") from None
         for line in out.splitlines():
             if line.startswith(MARK):
                 return json.loads(line[len(MARK) :])
         cause = (err.strip().splitlines() or ["no output"])[-1]
-        raise TestbedError(f"the calibration probe failed (status {procs[0].returncode}): {cause}")
+        raise TestbedError(f"the calibration probe failed (status {family.children[0].returncode}): {cause}")
     finally:
-        for p in procs:
-            _stop(p, grace=2)
+        family.stop(grace=2)
 
 
 def default_max_bytes(rate_bps: float | None) -> int:

@@ -1,8 +1,10 @@
 """`neuronabox torchrun`: start the controller, run the stock torchrun for each
 real node, watch them all, and print the run's summary.
 
-Every process it starts lives in its own session and is stopped on every exit
-path (success, failure, Ctrl-C), so nothing outlives the launcher.
+Every process it starts is stopped on every exit path (success, failure, Ctrl-C
+once or twice, SIGTERM, a child killed outright, the launcher killed outright):
+see `reaping`. Exit status: 0 the job finished, 1 the job or the emulation
+failed, 2 bad usage, 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.whatif import WhatIf, WhatIfError
 
+from .reaping import Family, become_subreaper, die_with_parent
 from .summary import format_summary
 from .testbed import Host, Placement
 from .torchrun_args import (
@@ -165,20 +168,12 @@ def torch_version(python: str, env: dict[str, str]) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def _stop(proc: subprocess.Popen | None, grace: float = 5.0) -> None:
-    """Stop a child and everything it started (its own session)."""
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the launcher: stop the run, exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class Run:
@@ -236,6 +231,8 @@ class Run:
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
+        self.jobs, self.control = Family(), Family()  # the real ranks' processes; the controller
+        self.hurry = False  # a second interrupt while stopping: kill at once
         self.control_addr = ""
 
     def _real_ranks(self, args: LaunchArgs) -> tuple[list[int], list[int]]:
@@ -306,11 +303,14 @@ class Run:
         )
         (self.dir / "controller.json").write_text(cfg.dumps())
         log = open(self.dir / "controller.log", "w")
-        self.controller = subprocess.Popen(
-            [sys.executable, "-m", "neuronabox.controller.main", str(self.dir / "controller.json")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.controller = self.control.add(
+            subprocess.Popen(
+                [sys.executable, "-m", "neuronabox.controller.main", str(self.dir / "controller.json")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         )
         ready = Path(cfg.ready_file)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -387,10 +387,13 @@ class Run:
 
     def spawn(self, host: Host, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
         """A real node's process, on its testbed host when there is one."""
-        if self.placement is None:
-            return subprocess.Popen(cmd, env=env, start_new_session=True)
-        env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
-        return subprocess.Popen(cmd, env=env, preexec_fn=host.preexec(), start_new_session=True)
+        enter = None
+        if self.placement is not None:
+            env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
+            enter = host.preexec()
+        return self.jobs.add(
+            subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(then=enter), start_new_session=True)
+        )
 
     def direct_command(self) -> list[str]:
         """The worker command torchrun would run: `python script args`, `python -m mod
@@ -446,6 +449,7 @@ class Run:
                 raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
             if all(c == 0 for c in codes):
                 break
+            self.jobs.refresh()  # a worker torchrun started is known before its agent can die
             time.sleep(0.1)
         reply = self.shutdown("job finished")
         try:
@@ -481,9 +485,16 @@ class Run:
             return None
 
     def cleanup(self) -> None:
-        for p in self.torchruns:
-            _stop(p)
-        _stop(self.controller, grace=10)
+        """Stop every process the run started: the real ranks first (their agents stop
+        their workers), then the controller. A second interrupt meanwhile kills at once."""
+        hurry = lambda *_: setattr(self, "hurry", True)  # noqa: E731
+        old = {s: signal.signal(s, hurry) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.jobs.stop(grace=5.0, hurry=lambda: self.hurry)
+            self.control.stop(grace=10.0, hurry=lambda: self.hurry)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
         (RUNS_DIR / f"{os.getpid()}.json").unlink(missing_ok=True)
 
 
@@ -497,7 +508,8 @@ def torchrun_main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
-    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = run.execute()
         shutil.rmtree(run.dir, ignore_errors=True)  # kept on failure: controller.log is there
@@ -509,9 +521,15 @@ def torchrun_main(argv: list[str]) -> int:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         print(f"neuronabox: the run's logs are in {run.dir}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("neuronabox: interrupted", file=sys.stderr)
-        return 130
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); stopping the run", file=sys.stderr)
+        return 128 + signum
     finally:
         run.cleanup()
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise Interrupted(signum)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from . import trace as tracefile
 from .calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
+from .reaping import Family
 from .testbed import Host, Loopback, Netns, Placement, TestbedError, TestbedUnavailable, check_netns_possible
 from .torchrun_args import UsageError, index_list, int_flag, parse
 
@@ -141,7 +142,7 @@ class Runner:
         self.loopback = loopback
         self.folder = folder
         self.timeout = timeout
-        self.procs: list[subprocess.Popen] = []
+        self.family = Family()
         self.port = 29400 + os.getpid() % 500
 
     def next_port(self) -> int:
@@ -156,7 +157,7 @@ class Runner:
 
     def spawn(self, host: Host, cmd: list[str], log: Path, env: dict[str, str]) -> None:
         out = open(log, "w")
-        self.procs.append(
+        self.family.add(
             subprocess.Popen(
                 cmd,
                 env=env,
@@ -173,7 +174,7 @@ class Runner:
         deadline = time.monotonic() + self.timeout
         try:
             while True:
-                codes = [p.poll() for p in self.procs]
+                codes = [p.poll() for p in self.family.children]
                 bad = [c for c in codes if c not in (None, 0)]
                 if bad:
                     raise TestbedError(
@@ -188,11 +189,8 @@ class Runner:
             self.stop()
 
     def stop(self) -> None:
-        from .launcher import _stop
-
-        for p in self.procs:
-            _stop(p, grace=3)
-        self.procs.clear()
+        self.family.stop(grace=3)
+        self.family = Family()
 
     def env(self, host: Host) -> dict[str, str]:
         env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")

@@ -1,0 +1,63 @@
+"""Every process a run starts is gone when the run is, on each exit path that used
+to leave some behind: Ctrl-C twice with two real nodes, a torchrun agent killed
+outright (its worker, in a session of its own, was orphaned), and the launcher
+itself killed outright. `Live.stop` fails the test if a process of the run is left."""
+
+import os
+import signal
+import time
+
+import psutil
+from conftest import SCRIPTS, Live, tagged_processes
+
+COLLECTIVES = str(SCRIPTS / "collectives.py")
+SLEEPER = str(SCRIPTS / "sleeper.py")  # its rank sits in compute: only a signal ends it
+FOREVER = ("--repeat", "1000000", "--sizes", "1024", "--dtypes", "float32")
+
+
+def processes(live: Live, marker: str) -> list[psutil.Process]:
+    return [p for p in tagged_processes(live.tag) if marker in " ".join(p.cmdline())]
+
+
+def test_ctrl_c_twice_with_two_real_nodes_leaves_nothing():
+    live = Live("torchrun", "--nnodes", "3", "--real-nodes", "0,1", COLLECTIVES, *FOREVER)
+    try:
+        live.wait_line(r"rank 1: iteration 0 done")
+        live.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # inside the launcher's cleanup now
+        live.proc.send_signal(signal.SIGINT)
+        assert live.finish(timeout=60) == 130
+    finally:
+        live.stop()
+    assert "interrupted (SIGINT)" in live.err
+
+
+def test_an_agent_killed_outright_takes_its_worker_along():
+    live = Live("torchrun", "--nnodes", "2", SLEEPER)
+    try:
+        live.wait_line(r"rank 0: ready")
+        agents = processes(live, "torch.distributed.run")
+        workers = processes(live, "sleeper.py")
+        workers = [w for w in workers if w.pid not in {a.pid for a in agents}]
+        assert len(agents) == 1 and workers
+        os.kill(agents[0].pid, signal.SIGKILL)
+        assert live.finish(timeout=90) == 1
+    finally:
+        live.stop()
+    assert "exited with status -9" in live.err
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive
+
+
+def test_the_launcher_killed_outright_takes_the_run_along():
+    live = Live("torchrun", "--nnodes", "2", SLEEPER)
+    try:
+        live.wait_line(r"rank 0: ready")
+        family = tagged_processes(live.tag)
+        assert len(family) >= 4  # launcher, controller, agent, worker
+        os.kill(live.proc.pid, signal.SIGKILL)
+        live.finish(timeout=30)
+        _, alive = psutil.wait_procs([p for p in family if p.pid != live.proc.pid], timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        live.stop()
