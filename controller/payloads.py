@@ -5,13 +5,18 @@ its schedule forwards (a ring segment a real rank sent, passed on unchanged), or
 zeros. Under `mirror` every emulated rank holds the mirror source's input, and
 the message folds it into the bytes it builds on (controller/mirror.py). Either
 way the bytes forwarded are the buffers they were received into: no copy.
+Object collectives carry pickles, which zeros cannot give: under both policies
+an emulated root's object broadcast or scatter, and the emulated blocks of an
+object gather, are the input the mirror source's observer noted for them.
 """
 
 from __future__ import annotations
 
 from enum import Enum, auto
 
+from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import BinomialBroadcast, Msg, RealRanks, Schedule, SendRef
+from neuronabox.schedules.gloo_pairwise import RootedPairwise
 
 from .mirror import MirrorInput, fold
 
@@ -34,10 +39,15 @@ class PayloadPolicy:
         self.mirror: MirrorInput | None = None
 
     def wants_input(self, schedule: Schedule, real: RealRanks) -> bool:
-        """Mirror folds every input; zeros asks only for a broadcast from an emulated root
-        (DDP's construction broadcasts: the real ranks keep their own model)."""
+        """Mirror folds every input; zeros asks only where the observer may have noted one:
+        a broadcast from an emulated root (DDP's construction broadcasts, so the real ranks
+        keep their own model; an object broadcast's sizes and pickles), and a scatter from an
+        emulated root or a gather to a real one (an object scatter's or gather's pickles:
+        zeros cannot unpickle). Without a note the messages stay zeros."""
         if self.data == "mirror":
             return hasattr(schedule, "mirror_plan")
+        if isinstance(schedule, RootedPairwise):  # emulated ranks send: the root's scatter, or gather to it
+            return (schedule.root in real) == (schedule.kind == Kind.GATHER)
         return isinstance(schedule, BinomialBroadcast) and schedule.root not in real
 
     def asked(self) -> None:

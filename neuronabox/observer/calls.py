@@ -14,6 +14,12 @@ get PyTorch's own `allreduce_hook` (the same divide-then-allreduce the reducer d
 registered at the first forward unless the script set a hook. DDP's construction
 broadcasts (the parameter metadata check, the state sync) are noted in both
 policies: with rank 0 emulated, the real ranks get their own model back.
+
+Object collectives carry pickles, which zeros cannot give, so in both policies the
+source notes, for an object broadcast or scatter from an emulated root, the sizes
+and pickles that root would send (those of its own objects: off the root usually
+placeholders, which the call then leaves it), and under zeros gather_object's
+gather input (its own pickle: the emulated ranks' objects are its object).
 """
 
 from __future__ import annotations
@@ -100,7 +106,9 @@ def _is_source_of(pg) -> bool:
     return mine
 
 
-def _note_input(pg, tensors, op, splits: list[int] | None, seq: int | None = None) -> None:
+def _note_input(pg, tensors, op, splits: list[int] | None, seq: int | None = None, fixed: bool = False) -> None:
+    """Note the input of the group's operation `seq` (this one if None). A `fixed` note (an
+    object collective's own bytes for the call it makes) is not replaced by the call's."""
     if not _is_source_of(pg):
         return  # not this group's mirror source
     c10d = _c10d()
@@ -108,12 +116,16 @@ def _note_input(pg, tensors, op, splits: list[int] | None, seq: int | None = Non
     key = (_name(pg), _seq(pg) if seq is None else seq)
     coalescing = pg in getattr(c10d._world, "pg_coalesce_state", {})
     with _lock:
-        old = _inputs.get(key) if coalescing else None  # a coalesced call flattens its tensors, in order
+        old = _inputs.get(key)
+        if old is not None and old.get("fixed"):
+            return
+        old = old if coalescing else None  # a coalesced call flattens its tensors, in order
         _keep(_inputs, key, {
             "data": (old["data"] if old else b"") + data,
             "dtype": str(tensors[0].dtype).removeprefix("torch."),
             "op": getattr(op, "name", "SUM"),
             "splits": splits,
+            "fixed": fixed,
         })  # fmt: skip
 
 
@@ -154,7 +166,11 @@ def install(c10d, mirror: bool) -> None:
             _mirror_input("broadcast", "tensor", a)
 
     c10d.broadcast = _noting(c10d.broadcast, broadcast_root)
-    if not mirror:
+    c10d.broadcast_object_list = _noting(c10d.broadcast_object_list, functools.partial(_object_broadcast, c10d))
+    c10d.scatter_object_list = _noting(c10d.scatter_object_list, functools.partial(_object_scatter, c10d))
+    if not mirror:  # mirror notes every gather's input; zeros those of gather_object only
+        c10d.gather_object = _inside(c10d.gather_object, "gather_object")
+        c10d.gather = _noting(c10d.gather, _object_gather)
         return
     for name, arg in MIRRORED.items():
         setattr(c10d, name, _noting(getattr(c10d, name), functools.partial(_mirror_input, name, arg)))
@@ -181,6 +197,80 @@ def _mirror_input(name: str, arg: str, a: dict) -> None:
     else:
         tensors = [x]
     _note_input(pg, tensors, a.get("op"), splits)
+
+
+def _emulated_root(c10d, pg, src: int | None, group_src: int | None) -> bool:
+    """Whether an object collective's root (global `src`, or `group_src`; rank 0 if neither) is emulated."""
+    if group_src is None:
+        group_src = c10d.get_group_rank(pg, 0 if src is None else src)
+    return c10d.get_global_rank(pg, group_src) not in REAL
+
+
+def _pickles(c10d, pg, objs) -> list:
+    """The byte tensors c10d's object collectives send for `objs` (its own pickler)."""
+    import torch
+
+    return [c10d._object_to_tensor(o, torch.device("cpu"), pg)[0] for o in objs]
+
+
+def _int64(values: list[int]):
+    import torch
+
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _object_broadcast(c10d, a: dict) -> None:
+    """broadcast_object_list from an emulated root is two broadcasts: the pickles' sizes
+    (int64 each), then the pickles, concatenated. Zeros cannot unpickle, so in both
+    policies the root sends the objects this rank passed in (off the root, usually
+    placeholders: the call leaves this rank its own objects)."""
+    pg, objs = _group(a), a["object_list"]
+    if not objs or not _emulated_root(c10d, pg, a.get("src"), a.get("group_src")) or not _is_source_of(pg):
+        return
+    seq, pickles = _seq(pg), _pickles(c10d, pg, objs)
+    _note_input(pg, [_int64([p.numel() for p in pickles])], None, None, seq, fixed=True)
+    _note_input(pg, pickles, None, None, seq + 1, fixed=True)
+
+
+def _object_scatter(c10d, a: dict) -> None:
+    """scatter_object_list from an emulated root is a broadcast of the largest pickle's
+    size, then two scatters: the pickles (padded to it) and their sizes. In both policies
+    the root sends every real rank one object: the entry for this rank in the input list
+    it passed, or (no list: the usual case off the root) its own output placeholder."""
+    pg = _group(a)
+    if not _emulated_root(c10d, pg, a.get("src"), a.get("group_src")) or not _is_source_of(pg):
+        return
+    given, me = a.get("scatter_object_input_list"), c10d.get_rank(pg)
+    obj = given[me] if given is not None and me < len(given) else a["scatter_object_output_list"][0]
+    seq, (pickle_,) = _seq(pg), _pickles(c10d, pg, [obj])
+    size = _int64([pickle_.numel()])
+    for k, t in enumerate((size, pickle_, size)):
+        _note_input(pg, [t], None, None, seq + k, fixed=True)
+
+
+_within = threading.local()  # the object collective this thread is inside (`call`), if any
+
+
+def _inside(fn, what: str):
+    """Wrap `fn` so that the calls it makes know they are inside `what`."""
+
+    @functools.wraps(fn)
+    def inside(*args, **kwargs):
+        _within.call = what
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _within.call = None
+
+    return inside
+
+
+def _object_gather(a: dict) -> None:
+    """Under zeros, gather_object's gather to a real root still needs pickles from the
+    emulated ranks (their sizes came from the allgather before it, which mirrors a real
+    rank's block): its input, this rank's pickle padded to the largest, is noted."""
+    if getattr(_within, "call", None) == "gather_object":
+        _mirror_input("gather", "tensor", a)
 
 
 def _buckets(tensors, limit: int) -> list[list]:

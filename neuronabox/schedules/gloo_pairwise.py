@@ -70,10 +70,11 @@ class RootedPairwise(_Pairwise):
     def recvs(self, rank: int) -> list[Msg]:
         return self._own(rank) if self.kind == Kind.SCATTER else self._root_msgs(rank)
 
-    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan | None:
-        """A gather's emulated block is the mirrored input; a scatter's list exists on
-        the root only, so an emulated root's blocks stay zeros."""
-        return MirrorPlan(None, 1) if self.kind == Kind.GATHER else None
+    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
+        """A gather's emulated block is the mirrored input; so is each block an emulated
+        root scatters (a scatter's list exists on the root only: the observer notes an input
+        only for an object scatter, so a tensor scatter's blocks stay zeros)."""
+        return MirrorPlan(None, 1)
 
     def lag(self, rank: int, step: int, hop: Link) -> float:
         """When the message of `step` arrives, after entry: the root's link carries the
