@@ -13,6 +13,7 @@ import base64
 import gc
 import json
 import os
+import secrets
 import sys
 import threading
 import time
@@ -88,11 +89,22 @@ class Controller:
         self.totals = RunTotals()
         self.trace = TraceWriter(cfg.trace_file, self._trace_header()) if cfg.trace_file else None
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
-        self.driver.accept_router = self._route_seq
+        self.driver.accept_router = self._may_dial_in
+        self.driver.log = self.log
+        self._seq_base: dict[str, int] = {"0": 0}  # each group's block of the pair ids its emulated records publish
+        self._next_seq = self.world**2
         self.driver.periodic = self._periodic
         self.driver.on_open = lambda conn: self.driver.engine.on_connected(conn)
         self.conns: dict[tuple[str, int, int], Conn] = {}
-        self.hub = ObserverHub(cfg.observer_host, self.driver.register_extra, self.driver.unregister_extra)
+        self.observer_secret = secrets.token_hex(32)  # an observer's hello carries it (the ready file has it)
+        self.hub = ObserverHub(
+            cfg.observer_host,
+            self.driver.register_extra,
+            self.driver.unregister_extra,
+            self.observer_secret,
+            call_at=self.driver.call_at,
+            log=self.log,
+        )
         self.hub.on_reply = self._on_meta_reply
         self.hub.on_lost = self._observer_lost
         self.hub.on_group = self._on_group
@@ -135,10 +147,10 @@ class Controller:
         conn = self.conns.get((group.name, real, emu))
         return conn if conn is not None and conn in self.driver.socks else None
 
-    def _ask(self, group: str, slot: int, real: int, what: dict) -> bool:
+    def _ask(self, group: str, slot: int, real: int, what: dict, reply_bytes: int = 0) -> bool:
         """Ask real rank `real`'s observer about instance (group, slot)."""
         tag = split_slot(slot)[1]
-        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, **what}):
+        if not self.hub.ask(real, {"q": self._qid + 1, "pg": group, "tag": tag, **what}, reply_bytes):
             return False
         self._qid += 1
         self._queries[self._qid] = (group, slot, real, "input" in what)
@@ -148,7 +160,8 @@ class Controller:
         return self._ask(group, slot, real, {"kind": kind})
 
     def _request_input(self, group: str, slot: int, real: int) -> bool:
-        return self._ask(group, slot, real, {"input": 1})
+        inst = self.driver.engine.instances.get((group, slot))  # the input is at most the instance's bytes
+        return self._ask(group, slot, real, {"input": 1}, inst.nbytes if inst is not None else 0)
 
     def _observer_lost(self, rank: int) -> None:
         """A real rank's observer went away: its open questions fall back to the wire
@@ -191,11 +204,18 @@ class Controller:
         return [m.spec for m in mods]
 
     # -- pairs ------------------------------------------------------------------------------
-    def _route_seq(self, seq: int) -> Conn | None:
+    def _may_dial_in(self, seq: int) -> bool:
+        """Is `seq` a pair id an emulated record published to a real rank whose own record
+        the controller has not read yet? Such a dialer waits for `connect_real_rank`, which
+        expects the pairs real ranks dial (full-mesh mode only; the rest are refused)."""
         if self.cfg.lazy:
-            return None
-        e, r = divmod(seq, self.world)
-        return self.conns.get(("0", r, e))
+            return False
+        for name, base in list(self._seq_base.items()):
+            group = self.groups.get(name)
+            if group is not None and base <= seq < base + group.world**2:
+                e, r = divmod(seq - base, group.world)
+                return r in group.real and e not in group.real and (name, r, e) not in self.conns
+        return False
 
     @staticmethod
     def lazy_peers(group: Group, r: int) -> set[int]:
@@ -225,6 +245,7 @@ class Controller:
         if not mine:
             return
         group = self.groups[name] = Group(name, len(ranks), RealRanks(mine, len(ranks)), tuple(ranks))
+        self._seq_base[name], self._next_seq = self._next_seq, self._next_seq + group.world**2  # unique per listener
         self.log(f"group {name!r}: {len(ranks)} ranks, real members {[ranks[g] for g in mine]}")
         threading.Thread(target=self._setup_group, args=(group,), name=f"group-{name}", daemon=True).start()
 
@@ -239,8 +260,7 @@ class Controller:
     def _setup_group(self, group: Group) -> None:
         try:
             store = store_client(self.cfg)
-            index = len(self.groups)
-            records = emulated_records(self.cfg, self.driver.address, group, seq_base=index * group.world**2)
+            records = emulated_records(self.cfg, self.driver.address, group, seq_base=self._seq_base[group.name])
             publish_records(store, records, key=lambda g: group_key(group.name, g))
             self._await_records(store, group)
         except BaseException as exc:  # noqa: BLE001
@@ -273,10 +293,12 @@ class Controller:
             if self.cfg.lazy:
                 ours, theirs = Address(host, port, r), Address(rec.address.host, rec.address.port, e)
             else:
-                ours = Address(host, port, e * group.world + r)
+                ours = Address(host, port, self._seq_base[group.name] + e * group.world + r)  # its record's pair id
                 theirs = Address(rec.address.host, rec.address.port, rec.pair_ids[e])
             if dialer_is_local(ours, theirs):
                 self.driver.dial(conn, theirs.host, theirs.port, theirs.seq)
+            elif not self.cfg.lazy:  # the real rank dials in, writing our pair id for it
+                self.driver.expect(ours.seq, conn)
             elif self.cfg.lazy:
                 raise ConnectionError(
                     f"real rank {r} listens on {theirs.host}, which compares above the controller's "
@@ -365,10 +387,11 @@ class Controller:
             info = {
                 "control": f"{self.cfg.control_host}:{self.control_port}",
                 "observer": f"{self.hub.address[0]}:{self.hub.address[1]}",
+                "observer_secret": self.observer_secret,
                 "pid": os.getpid(),
             }
             tmp = self.cfg.ready_file + ".tmp"
-            with open(tmp, "w") as f:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # it holds the secret
                 json.dump(info, f)
             os.replace(tmp, self.cfg.ready_file)
 

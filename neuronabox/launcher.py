@@ -341,7 +341,7 @@ class Run:
             return f"the controller died (signal {-code})"
         return f"the controller exited with status {code}"
 
-    def torchrun_env(self, observer_addr: str) -> dict[str, str]:
+    def torchrun_env(self, observer_addr: str, observer_secret: str = "") -> dict[str, str]:
         env = without_pet(os.environ)  # read into self.args; torchrun would take them over our flags
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, self.real_ranks))
@@ -352,6 +352,7 @@ class Run:
             env.pop("TORCH_GLOO_LAZY_INIT", None)
         if self.observer:
             env["NEURONABOX_OBSERVER"] = observer_addr
+            env["NEURONABOX_OBSERVER_SECRET"] = observer_secret  # the hello the controller's observer port takes
             env["NEURONABOX_DATA"] = self.data
             # The observer reads recent entries only; a dump of 64 costs ~0.5 ms, of 1024 ~18 ms.
             env.setdefault("TORCH_FR_BUFFER_SIZE", "64")
@@ -435,7 +436,7 @@ class Run:
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
         info = self.start_controller()
-        self.start_torchruns(self.torchrun_env(info["observer"]))
+        self.start_torchruns(self.torchrun_env(info["observer"], info["observer_secret"]))
         while True:
             if self.controller.poll() is not None:
                 self.let_real_ranks_fail()

@@ -109,7 +109,10 @@ def _serve(host: str, port: int) -> None:
     # until the controller's delayed ACK (40 ms) for the one before it.
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     s.settimeout(None)
-    hello = json.dumps({"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid()}).encode() + b"\n"
+    # The first line: the run's secret, without which the controller drops the connection.
+    secret = os.environ.get("NEURONABOX_OBSERVER_SECRET", "")
+    hello = {"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid(), "secret": secret}
+    hello = json.dumps(hello).encode() + b"\n"
     with _lock:
         s.sendall(hello + b"".join(_early))
         _early.clear()

@@ -4,15 +4,22 @@ The controller dials real ranks (its listener address compares larger, see
 `wire.dialer_is_local`) and also accepts, routing incoming sockets by the
 8-byte sequence number the dialer writes first. Bytes go through each pair's
 `GlooPair` machine and the events to the engine; nothing here knows schedules.
+
+Any local process can connect to the listener, so an accepted socket becomes a
+pair only for a sequence number the controller expects (`expect`), once; one that
+may still come to be expected (`accept_router`: a real rank that dialed before the
+controller read its record) waits for it up to HANDSHAKE_TIMEOUT_S without being
+read. Anything else (an unknown or repeated number, a handshake not complete in
+time) is dropped with one line on stderr, and never ends or stalls the run.
 """
 
 from __future__ import annotations
 
-import errno
 import heapq
 import itertools
 import select
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +34,7 @@ from .wire import SEQ
 # epoll sleeps in whole milliseconds, rounded up: sleep until this close to a timer,
 # then poll without blocking (busy-wait) so releases land within microseconds.
 SPIN_S = 0.0015
+HANDSHAKE_TIMEOUT_S = 5.0  # a dialer writes its 8-byte sequence number as it connects
 
 
 class Poller:
@@ -64,15 +72,16 @@ class Poller:
 
 
 class _Sock:
-    __slots__ = ("sock", "fd", "conn", "want_write", "seq_needed", "inbuf")
+    __slots__ = ("sock", "fd", "conn", "want_write", "seq_needed", "inbuf", "peer")
 
-    def __init__(self, sock: socket.socket, conn: Conn | None) -> None:
+    def __init__(self, sock: socket.socket, conn: Conn | None, peer: str = "") -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.conn = conn
         self.want_write = False
         self.seq_needed = conn is None  # accepted sockets start with the dialer's seq
         self.inbuf = b""
+        self.peer = peer  # an accepted socket's remote address, for the log
 
 
 class GlooDriver:
@@ -89,7 +98,12 @@ class GlooDriver:
         self._calls: deque[Callable[[], None]] = deque()
         self._lock = threading.Lock()
         self.socks: dict[Conn, _Sock] = {}
-        self.accept_router: Callable[[int], Conn | None] | None = None
+        # May a real rank still come to be expected with this sequence number (its record not read yet)?
+        self.accept_router: Callable[[int], bool] | None = None
+        self._expected: dict[int, Conn] = {}  # sequence number -> the pair a real rank dials in for
+        self._taken: set[int] = set()  # sequence numbers whose pair is open: each is taken once
+        self._parked: dict[int, _Sock] = {}  # complete handshakes that wait for `expect`
+        self.log: Callable[[str], None] = lambda what: print(what, file=sys.stderr, flush=True)
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
         self.running = True
@@ -151,6 +165,14 @@ class GlooDriver:
         self.write(conn)
         if self.on_open:
             self.on_open(conn)
+
+    def expect(self, seq: int, conn: Conn) -> None:
+        """A real rank dials in for `conn`, writing `seq` (loop thread)."""
+        entry = self._parked.pop(seq, None)
+        if entry is not None:
+            self._open_accepted(entry, seq, conn)
+        elif seq not in self._taken:
+            self._expected[seq] = conn
 
     def write(self, conn: Conn) -> None:
         """`conn`'s pair has frames queued: every socket written to in one loop turn is
@@ -247,12 +269,31 @@ class GlooDriver:
 
     def _accept(self) -> None:
         try:
-            s, _ = self.listener.accept()
+            s, peer = self.listener.accept()
         except BlockingIOError:
             return
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setblocking(False)
-        self.sel.register(s, Poller.READ, _Sock(s, None))
+        entry = _Sock(s, None, f"{peer[0]}:{peer[1]}")
+        self.sel.register(s, Poller.READ, entry)
+        self.call_at(time.monotonic() + HANDSHAKE_TIMEOUT_S, lambda: self._handshake_due(entry))
+
+    def _handshake_due(self, entry: _Sock) -> None:
+        if entry.conn is None and entry.sock.fileno() != -1:  # neither a pair nor dropped yet
+            if entry.seq_needed:
+                self._refuse(entry, f"no sequence number within {HANDSHAKE_TIMEOUT_S:g} s")
+            else:
+                seq = SEQ.unpack(entry.inbuf)[0]
+                self._refuse(entry, f"no pair came to expect sequence number {seq} within {HANDSHAKE_TIMEOUT_S:g} s")
+
+    def _refuse(self, entry: _Sock, why: str) -> None:
+        """An accepted socket that is no pair of the run: dropped, one line on stderr."""
+        if not entry.seq_needed:
+            seq = SEQ.unpack(entry.inbuf)[0]
+            if self._parked.get(seq) is entry:
+                del self._parked[seq]
+        self.log(f"Gloo listener: dropped the connection from {entry.peer}: {why}")
+        self._drop(entry)
 
     def _flush(self, entry: _Sock) -> None:
         try:
@@ -265,8 +306,11 @@ class GlooDriver:
             self.sel.modify(entry.sock, Poller.READ | Poller.WRITE if entry.want_write else Poller.READ, entry)
 
     def _read(self, entry: _Sock) -> None:
-        if entry.seq_needed:
-            self._read_seq(entry)
+        if entry.conn is None:
+            if entry.seq_needed:
+                self._read_seq(entry)
+            else:  # parked (not read): the dialer hung up or reset
+                self._refuse(entry, "closed while waiting for its pair")
             return
         conn = entry.conn
         try:
@@ -287,23 +331,32 @@ class GlooDriver:
             data = entry.sock.recv(SEQ.size - len(entry.inbuf))
         except BlockingIOError:
             return
-        except OSError as exc:
-            if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
-                raise
+        except OSError:
             data = b""
         if not data:
-            self._drop(entry)
+            self._refuse(entry, "closed before its sequence number")
             return
         entry.inbuf += data
         if len(entry.inbuf) < SEQ.size:
             return
+        entry.seq_needed = False
         (seq,) = SEQ.unpack(entry.inbuf)
-        conn = self.accept_router(seq) if self.accept_router else None
-        if conn is None:
-            self._drop(entry)
-            raise ConnectionError(f"a real rank dialed the controller with unknown sequence number {seq}")
-        entry.conn, entry.seq_needed = conn, False
+        conn = self._expected.pop(seq, None)
+        if conn is not None:
+            self._open_accepted(entry, seq, conn)
+        elif seq in self._taken or seq in self._parked:
+            self._refuse(entry, f"sequence number {seq} is taken (its pair is open, or another connection holds it)")
+        elif self.accept_router is not None and self.accept_router(seq):
+            self._parked[seq] = entry  # not read until its pair is expected, or the deadline drops it
+            self.sel.modify(entry.sock, 0, entry)
+        else:
+            self._refuse(entry, f"sequence number {seq} names no pair the controller expects")
+
+    def _open_accepted(self, entry: _Sock, seq: int, conn: Conn) -> None:
+        self._taken.add(seq)
+        entry.conn = conn
         self.socks[conn] = entry
+        self.sel.modify(entry.sock, Poller.READ, entry)
         if self.on_open:
             self.on_open(conn)
 
