@@ -24,6 +24,7 @@ class ControllerConfig:
     control_host: str = "127.0.0.1"
     observer_host: str = "127.0.0.1"  # where real ranks' observers connect (a testbed's own address)
     store_timeout_s: float = 300.0
+    timeout_s: float = 1800.0  # the watchdog: a real rank without progress this long ends the run
     ready_file: str = ""
     trace_file: str = ""
     observer: bool = True

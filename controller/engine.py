@@ -316,6 +316,10 @@ class Instance:
     def summary(self) -> str:
         return self.account.summary(self.name())
 
+    def real_ranks_entered(self) -> dict[int, float]:
+        """Global rank -> its last boundary time, for each real rank that entered (the watchdog)."""
+        return {self.group.global_rank(r): t[1] for r, t in self.account.rank_times.items()}
+
 
 class Engine:
     """Routes events to instances keyed by (group, slot) and keeps the counters."""

@@ -3,7 +3,9 @@
 `python -m neuronabox.controller.main CONFIG_JSON` (the launcher starts it).
 Threads: the selector loop (Gloo pairs, observer link) runs in the main thread;
 store work (agents, rank records, watching real ranks' records) in one helper
-thread; gRPC in its own pool. Exit status 0 on a clean stop, 3 on an error,
+thread; gRPC in its own pool. Exit status 0 on a clean stop, 3 on an error, 4 when
+the watchdog ended the run (a real rank made no progress for the timeout), 5 when
+the store a real node's agent hosts went away (that node ended),
 whose one-line cause goes to stderr and to the status reply.
 """
 
@@ -22,6 +24,7 @@ from dataclasses import asdict
 from datetime import timedelta
 
 from neuronabox import delay_models, topology
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
     DisseminationBarrier,
@@ -54,7 +57,14 @@ from .rendezvous import (
     store_client,
 )
 from .service import ControlService, serve
+from .watchdog import RankStalled, Watchdog
 
+STALLED = 4  # exit status: the watchdog ended the run (a real rank is hung; it will not fail on its own)
+STORE_LOST = 5  # exit status: the store a real node's agent hosts went away (that node ended)
+
+
+class StoreLost(NeuronaBoxError, ConnectionError):
+    """The run's store, hosted by a real node's torchrun agent, went away."""
 LAZY_DIAL_ALL = 256  # lazy mode: in groups this small the controller dials every emulated peer up front
 ELEM_SIZES = {
     "Float": 4,
@@ -87,6 +97,7 @@ class Controller:
             modeled_boundary=cfg.boundary == "modeled",
         )
         self.totals = RunTotals()
+        self.watchdog = Watchdog(cfg.timeout_s)
         self.trace = TraceWriter(cfg.trace_file, self._trace_header()) if cfg.trace_file else None
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._may_dial_in
@@ -116,6 +127,8 @@ class Controller:
         self.service = ControlService(self.snapshot, self.request_stop, self.inject, self.finished)
         self.server, self.control_port = serve(self.service, cfg.control_host)
         self._reply_done = threading.Event()
+        self._stop_asked = False
+        self.exit_status = 3  # on an error
         self.store = None
 
     # -- engine hooks ------------------------------------------------------------------
@@ -135,11 +148,17 @@ class Controller:
     def _on_record(self, rec: InstanceRecord) -> None:
         """A finished instance: into the totals and the trace on disk, and then forgotten."""
         self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        group = self.groups.get(rec.group)
+        if group is not None:
+            done = f"{rec.kind} #{rec.tag} of group {rec.group!r}"
+            for r, (_, end) in rec.per_rank.items():
+                self.watchdog.touch(group.global_rank(int(r)), end, done)
         if self.trace is not None:
             self.trace.instance(asdict(rec))
 
     def _on_step(self, rank: int, t: float) -> None:
         self.totals.step(rank, t)
+        self.watchdog.touch(rank, time.monotonic())
         if self.trace is not None:
             self.trace.step(rank, t)
 
@@ -265,7 +284,7 @@ class Controller:
             self._await_records(store, group)
         except BaseException as exc:  # noqa: BLE001
             if self.state != "stopping":
-                self.fail(exc)
+                self.fail(self._store_lost(exc))
 
     def _await_records(self, store, group: Group) -> None:
         """Wait for each real member's record and open its pairs in the loop."""
@@ -285,6 +304,7 @@ class Controller:
                 f"real rank {r} uses Gloo's {'lazy' if rec.lazy else 'full-mesh'} connection mode, "
                 f"the controller was configured for the other one"
             )
+        self.watchdog.watch(group.global_rank(r), time.monotonic())
         host, port = self.driver.address
         peers = self.lazy_peers(group, r) if self.cfg.lazy else [e for e in range(group.world) if e not in group.real]
         for e in sorted(peers):
@@ -324,7 +344,7 @@ class Controller:
             self._await_records(store, self.group)
         except BaseException as exc:  # noqa: BLE001
             if self.state != "stopping":
-                self.fail(exc)
+                self.fail(self._store_lost(exc))
 
     @staticmethod
     def _store_wait(store, key: str) -> bool:
@@ -341,7 +361,16 @@ class Controller:
         print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)
 
     # -- lifecycle -------------------------------------------------------------------------
+    def _store_lost(self, exc: BaseException) -> BaseException:
+        """When a real node's agent hosts the store, the store failing means that node's
+        torchrun is gone: the launcher names the node's own exit rather than this."""
+        if 0 in self.cfg.real_nodes and not isinstance(exc, (ProtocolError, UnsupportedRecord, NeuronaBoxError)):
+            return StoreLost(f"the run's store (real node 0's torchrun agent) went away: {exc}")
+        return exc
+
     def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, StoreLost):
+            self.exit_status = STORE_LOST
         if not self.error:
             if not isinstance(exc, (ProtocolError, UnsupportedRecord, ConnectionError, RuntimeError)):
                 # not one of ours: the traceback goes to controller.log, which the launcher keeps
@@ -352,6 +381,7 @@ class Controller:
         self.driver.call_soon(lambda: None)
 
     def request_stop(self, reason: str) -> None:
+        self._stop_asked = True
         if self.state not in ("failed",):
             self.state = "stopping"
         self.driver.running = False
@@ -360,6 +390,9 @@ class Controller:
     def _periodic(self) -> None:
         if os.getppid() == 1:  # the launcher is gone: nothing to serve
             raise RuntimeError("the launcher exited; controller stopping")
+        cause = self.watchdog.check(time.monotonic(), list(self.driver.engine.instances.values()))
+        if cause is not None:
+            raise RankStalled(cause)
 
     def run(self) -> int:
         self._write_ready()
@@ -378,9 +411,12 @@ class Controller:
         if self.trace is not None:
             self.trace.close(self._trace_footer())
         self.finished.set()
-        self._reply_done.wait(timeout=3)
+        if self._stop_asked:  # the Shutdown call that asked waits for the final status
+            self._reply_done.wait(timeout=3)
         self.server.stop(grace=1).wait(2)
-        return 3 if self.error else 0
+        if isinstance(self.driver.error, RankStalled):
+            return STALLED
+        return self.exit_status if self.error else 0
 
     def _write_ready(self) -> None:
         if self.cfg.ready_file:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import importlib.machinery
 import json
+import math
 import os
 import random
 import shutil
@@ -30,8 +31,8 @@ from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.whatif import WhatIf, WhatIfError
 
+from .api import RunResult, result_of
 from .reaping import Family, become_subreaper, die_with_parent
-from .summary import format_summary
 from .testbed import Host, Placement
 from .torchrun_args import (
     HELP,
@@ -47,6 +48,9 @@ from .torchrun_args import (
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 READY_TIMEOUT_S = 120
+CONTROLLER_STALLED = 4  # the controller's exit status when its watchdog ended the run
+CONTROLLER_STORE_LOST = 5  # ... when the store a real node's agent hosts went away
+DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
 OBSERVER_DIR = Path(__file__).parent / "observer"
 RUNS_DIR = Path(tempfile.gettempdir()) / "neuronabox-runs"
 MIN_TORCH = (2, 2)
@@ -97,7 +101,9 @@ def check_port_free(addr: str, port: int) -> None:
         return
     for family, kind, proto, _, sockaddr in infos[:1]:
         with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+            # As the store binds: a listener refuses the bind, a closed run's TIME_WAIT does not
+            # (a rerun on the same --master-port right after the last one is fine).
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(sockaddr)
             except OSError as exc:
@@ -212,6 +218,7 @@ class Run:
         if self.delay_model not in delay_models.available():
             known = ", ".join(delay_models.available())
             raise UsageError(f"--delay-model: unknown model {self.delay_model!r} (available: {known})")
+        self.timeout = self._timeout(args.ours.get("--timeout"))
         self.boundary = args.ours.get("--boundary", "modeled")
         if self.boundary not in ("modeled", "real"):
             raise UsageError(f"--boundary is modeled or real, got {self.boundary!r}")
@@ -233,6 +240,8 @@ class Run:
         self.torchruns: list[subprocess.Popen] = []
         self.jobs, self.control = Family(), Family()  # the real ranks' processes; the controller
         self.hurry = False  # a second interrupt while stopping: kill at once
+        self.output: Path | None = None  # where the real ranks' stdout and stderr go (None: ours)
+        self.shutdown_error = ""  # why the final status did not come, when it did not
         self.control_addr = ""
 
     def _real_ranks(self, args: LaunchArgs) -> tuple[list[int], list[int]]:
@@ -249,6 +258,18 @@ class Run:
         if len(ranks) == len(nodes) * self.nproc:
             return nodes, []
         return [], ranks
+
+    @staticmethod
+    def _timeout(raw: str | None) -> float:
+        if raw is None:
+            return DEFAULT_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"--timeout takes a positive number of seconds, got {raw!r}")
+        return value
 
     def _placement(self, path: str | None) -> Placement | None:
         """Where the real nodes and the controller live on a testbed (`neuronabox validate`
@@ -300,6 +321,7 @@ class Run:
             boundary=self.boundary,
             inject=self.inject,
             direct_ranks=self.direct_ranks,
+            timeout_s=self.timeout,
         )
         (self.dir / "controller.json").write_text(cfg.dumps())
         log = open(self.dir / "controller.log", "w")
@@ -392,9 +414,21 @@ class Run:
         if self.placement is not None:
             env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
             enter = host.preexec()
-        return self.jobs.add(
-            subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(then=enter), start_new_session=True)
-        )
+        out = open(self.output, "a") if self.output is not None else None  # noqa: SIM115 - the child holds it
+        try:
+            return self.jobs.add(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    preexec_fn=die_with_parent(then=enter),
+                    start_new_session=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out is not None else None,
+                )
+            )
+        finally:
+            if out is not None:
+                out.close()
 
     def direct_command(self) -> list[str]:
         """The worker command torchrun would run: `python script args`, `python -m mod
@@ -431,7 +465,7 @@ class Run:
         return env
 
     # -- the run ------------------------------------------------------------------------
-    def execute(self) -> int:
+    def execute(self) -> RunResult:
         env = dict(os.environ)
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
@@ -439,7 +473,12 @@ class Run:
         self.start_torchruns(self.torchrun_env(info["observer"], info["observer_secret"]))
         while True:
             if self.controller.poll() is not None:
-                self.let_real_ranks_fail()
+                status = self.controller.returncode
+                if status != CONTROLLER_STALLED:  # a hung rank would not fail
+                    self.let_real_ranks_fail()
+                failed = [c for c in (p.poll() for p in self.torchruns) if c not in (None, 0)]
+                if status == CONTROLLER_STORE_LOST and failed:  # the node's own exit is the cause
+                    raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
                 raise LaunchError(f"controller failed: {self.controller_cause()}")
             codes = [p.poll() for p in self.torchruns]
             failed = [c for c in codes if c not in (None, 0)]
@@ -457,11 +496,13 @@ class Run:
             self.controller.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
-        if reply is None or reply.state == "failed":
-            raise LaunchError(f"controller failed: {reply.error if reply is not None else self.controller_cause()}")
+        if reply is None:
+            cause = self.shutdown_error or self.controller_cause()
+            raise LaunchError(f"controller failed: its final status did not arrive ({cause})")
+        if reply.state == "failed":
+            raise LaunchError(f"controller failed: {reply.error}")
         header, footer = tracefile.ends(self.trace_path)
-        print(format_summary(reply, header, footer), flush=True)
-        return 0
+        return result_of(reply, header, footer, self.trace_path)
 
     def let_real_ranks_fail(self, grace: float = 15.0) -> None:
         """With the controller gone the real ranks' next collective fails on its own;
@@ -482,14 +523,18 @@ class Run:
         try:
             stub = connect(self.control_addr, timeout=5)
             return stub.Shutdown(control_pb2.ShutdownRequest(reason=reason), timeout=20)
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - gRPC raises several kinds; the cause is kept
+            details = getattr(exc, "details", None)
+            self.shutdown_error = (details() if callable(details) else "") or f"{type(exc).__name__}: {exc}"
             return None
 
-    def cleanup(self) -> None:
+    def cleanup(self, handle_signals: bool = True) -> None:
         """Stop every process the run started: the real ranks first (their agents stop
-        their workers), then the controller. A second interrupt meanwhile kills at once."""
+        their workers), then the controller. A second interrupt meanwhile kills at once
+        (`handle_signals` False: from a thread other than the main one, which cannot)."""
         hurry = lambda *_: setattr(self, "hurry", True)  # noqa: E731
-        old = {s: signal.signal(s, hurry) for s in (signal.SIGINT, signal.SIGTERM)}
+        sigs = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+        old = {s: signal.signal(s, hurry) for s in sigs}
         try:
             self.jobs.stop(grace=5.0, hurry=lambda: self.hurry)
             self.control.stop(grace=10.0, hurry=lambda: self.hurry)
@@ -512,9 +557,10 @@ def torchrun_main(argv: list[str]) -> int:
     become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = run.execute()
+        result = run.execute()
+        print(result.summary, flush=True)
         shutil.rmtree(run.dir, ignore_errors=True)  # kept on failure: controller.log is there
-        return code
+        return 0
     except UsageError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
-
 
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -11,18 +9,6 @@ def _fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-def iteration_time(steps: list[list[float]] | list[tuple[int, float]]) -> tuple[int, float]:
-    """Optimizer steps seen on the lowest real rank and the median time between them
-    (the median: a first step that builds buckets, or a warm-up, does not drag it)."""
-    if not steps:
-        return 0, 0.0
-    first = min(r for r, _ in steps)
-    ts = sorted(t for r, t in steps if r == first)
-    if len(ts) < 2:
-        return len(ts), 0.0
-    return len(ts), statistics.median(b - a for a, b in zip(ts, ts[1:], strict=False))
 
 
 def format_summary(reply, header: dict, footer: dict) -> str:

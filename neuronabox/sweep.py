@@ -8,15 +8,17 @@ iteration time against the injected value.
 from __future__ import annotations
 
 import csv
-import subprocess
+import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
 
-from . import trace as tracefile
-from .summary import iteration_time
+from .api import RunResult, run_argv
+from .launcher import LaunchError
+from .torchrun_args import UsageError
 from .whatif import WhatIfError, parse
 
 SWEEPABLE = {"latency": "injected latency", "bandwidth": "bandwidth factor", "jitter": "injected jitter"}
@@ -42,14 +44,17 @@ def plan(sweep: str, extra: str) -> tuple[str, list[tuple[str, float, str]]]:
     return key, out
 
 
-def run_one(spec: str, launch: list[str], script: list[str], trace: Path) -> dict:
-    cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", *launch, "--inject", spec, "--trace", str(trace)]
-    proc = subprocess.run([*cmd, *script], capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        cause = ([ln for ln in lines if ln.startswith("neuronabox: error:")] or lines or ["no output"])[-1]
-        raise SweepError(f"the run with {spec} failed: {cause}")
-    return tracefile.load(trace)
+def run_one(spec: str, launch: list[str], script: list[str], trace: Path, log: Path) -> RunResult:
+    """One point of the sweep through the Python API; the real ranks' output goes to `log`."""
+    try:
+        return run_argv([*launch, "--inject", spec, "--trace", str(trace), "--", *script], output=log)
+    except (LaunchError, UsageError) as exc:
+        raise SweepError(f"the run with {spec} failed: {exc} (its output: {log})") from None
+
+
+def trace_name(out: str, n: int, label: str) -> Path:
+    """Each value's trace, kept beside the table: PREFIX-N-LABEL.jsonl."""
+    return Path(f"{out}-{n}-{re.sub(r'[^A-Za-z0-9.+-]', '_', label)}.jsonl")
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -82,19 +87,20 @@ def sweep_main(argv: list[str]) -> int:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
     rows = []
-    with tempfile.TemporaryDirectory(prefix="neuronabox-sweep-") as d:
-        for n, (label, value, spec) in enumerate(points):
-            try:
-                trace = run_one(spec, launch, script, Path(d) / f"trace{n}.json")
-            except SweepError as exc:
-                print(f"neuronabox: error: {exc}", file=sys.stderr)
-                return 1
-            steps, it = iteration_time(trace.get("steps", []))
-            if steps < 2:
-                print("neuronabox: error: no optimizer steps observed; the sweep needs the observer", file=sys.stderr)
-                return 1
-            rows.append((label, value, it))
-            print(f"  {spec:<40} iteration {it * 1e3:9.3f} ms", flush=True)
+    logs = Path(tempfile.mkdtemp(prefix="neuronabox-sweep-"))
+    for n, (label, value, spec) in enumerate(points):
+        trace = trace_name(ns.out, n, label)
+        try:
+            result = run_one(spec, launch, script, trace, logs / f"run{n}.log")
+        except SweepError as exc:
+            print(f"neuronabox: error: {exc}", file=sys.stderr)
+            return 1
+        if result.steps < 2:
+            print("neuronabox: error: no optimizer steps observed; the sweep needs the observer", file=sys.stderr)
+            return 1
+        rows.append((label, value, result.iteration_s))
+        print(f"  {spec:<40} iteration {result.iteration_s * 1e3:9.3f} ms   trace {trace}", flush=True)
+    shutil.rmtree(logs, ignore_errors=True)
     csv_path, png_path = Path(f"{ns.out}.csv"), Path(f"{ns.out}.png")
     unit = "s" if key in ("latency", "jitter") else "x"
     with csv_path.open("w", newline="") as f:

@@ -24,6 +24,7 @@ OURS = {
     "--delay-model",
     "--boundary",
     "--placement",
+    "--timeout",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}
@@ -68,7 +69,9 @@ neuronabox flags:
   --gloo-mode auto|full|lazy  Gloo's connection mode (auto: lazy above 64 ranks)
   --data zeros|mirror         what the emulated ranks send (mirror needs the observer)
   --no-observer               run without the observer in the real ranks
-  --trace FILE                write the run's trace to FILE
+  --trace FILE                write the run's trace to FILE (JSON lines, streamed as the run goes)
+  --timeout SECONDS           a real rank without progress this long ends the run, naming where it is
+                              stuck (default 1800, the process group's default)
   --placement FILE            where real nodes and the controller run (written by validate)
   --gloo-host ADDR            the address the emulated ranks listen on (default 127.0.0.2)
 

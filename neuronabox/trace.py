@@ -22,12 +22,14 @@ from pathlib import Path
 from statistics import median
 from typing import IO
 
+from neuronabox.errors import NeuronaBoxError
+
 FORMAT = "neuronabox-trace"
 VERSION = 1
 STEP_WINDOW = 4096  # intervals kept per real rank for the iteration time's median
 
 
-class TraceError(ValueError):
+class TraceError(NeuronaBoxError, ValueError):
     """A file that is not a NeuronaBox trace."""
 
 

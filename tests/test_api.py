@@ -1,0 +1,49 @@
+"""The Python API: `neuronabox.launch` runs a job in-process and returns its result
+(a notebook or a sweep script reads numbers, not stdout)."""
+
+import psutil
+import pytest
+from conftest import EXAMPLE, SCRIPTS
+
+import neuronabox
+from neuronabox.launcher import LaunchError
+from neuronabox.torchrun_args import UsageError
+from neuronabox.trace import load
+
+
+def no_children_left() -> None:
+    _, alive = psutil.wait_procs(psutil.Process().children(recursive=True), timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def test_launch_returns_the_iteration_time_the_kinds_and_the_trace(tmp_path):
+    log = tmp_path / "ranks.log"
+    res = neuronabox.launch(EXAMPLE, "--steps", "3", nnodes=8, delay_model="zero", output=log)
+    no_children_left()
+    assert res.world_size == 8 and res.real_ranks == [0]
+    assert res.steps == 3 and res.iteration_s > 0
+    ar = res.kinds["allreduce"]
+    assert ar.count > 0 and ar.nbytes > 0 and ar.mean_s > 0 and ar.boundary_messages > 0
+    assert "step 2 loss" in log.read_text()  # the real rank's output went where it was asked
+    doc = load(res.trace_path)
+    assert doc["complete"] and doc["world_size"] == 8
+    assert sum(1 for i in doc["instances"] if i["kind"] == "allreduce") == ar.count
+    assert list(res.trace_path.parent.iterdir()) == [res.trace_path]  # the rest of the run folder is gone
+    assert "NeuronaBox summary" in res.summary
+
+
+def test_launch_raises_the_cause(tmp_path):
+    with pytest.raises(UsageError, match="--delay-model: unknown model"):
+        neuronabox.launch(EXAMPLE, nnodes=2, delay_model="nonesuch")
+    with pytest.raises(LaunchError, match="exited with status"):
+        neuronabox.launch(
+            str(SCRIPTS / "collectives.py"), "--crash-at", "0", nnodes=2, output=tmp_path / "log"
+        )  # fmt: skip
+    no_children_left()
+
+
+def test_options_become_flags():
+    from neuronabox.api import options_to_argv
+
+    argv = options_to_argv({"delay_model": "zero", "inject": ["latency=+1ms", "jitter=1us"], "no_observer": True})
+    assert argv == ["--delay-model", "zero", "--inject", "latency=+1ms", "--inject", "jitter=1us", "--no-observer"]
