@@ -124,7 +124,10 @@ class Controller:
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.finished = threading.Event()  # the loop has stopped and the state is final
-        self.service = ControlService(self.snapshot, self.request_stop, self.inject, self.finished)
+        self.control_token = secrets.token_hex(16)  # every control call carries it (the ready file has it)
+        self.service = ControlService(
+            self.snapshot, self.request_stop, self.inject, self.finished, token=self.control_token
+        )
         self.server, self.control_port = serve(self.service, cfg.control_host)
         self._reply_done = threading.Event()
         self._stop_asked = False
@@ -424,6 +427,7 @@ class Controller:
                 "control": f"{self.cfg.control_host}:{self.control_port}",
                 "observer": f"{self.hub.address[0]}:{self.hub.address[1]}",
                 "observer_secret": self.observer_secret,
+                "control_token": self.control_token,
                 "pid": os.getpid(),
             }
             tmp = self.cfg.ready_file + ".tmp"

@@ -58,6 +58,31 @@ def live_runs() -> list[dict]:
     return runs
 
 
+def unreachable(address: str, exc: BaseException) -> str:
+    """Why a control call to `address` got no answer, in one line."""
+    code = getattr(exc, "code", None)
+    if callable(code) and getattr(code(), "name", "") == "PERMISSION_DENIED":
+        return f"the controller at {address} refused the call: it is not a run of this user's registry (no token)"
+    return f"no controller answers at {address}"
+
+
+def token_for(address: str) -> str:
+    """The control token of the registered run at `address` ("" if none: refused)."""
+    from .launcher import RUNS_DIR
+
+    for entry in [*live_runs(), _entry(RUNS_DIR / "latest.json")]:
+        if entry and entry.get("control") == address:
+            return entry.get("token", "")
+    return ""
+
+
+def _entry(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _control_address(given: str | None) -> str | None:
     from .launcher import RUNS_DIR
 
@@ -86,17 +111,19 @@ def status_main(argv: list[str]) -> int:
         for n, entry in enumerate(runs):
             print(("\n" if n else "") + f"run of launcher {entry['pid']} (--address {entry['control']})")
             try:
-                reply = connect(entry["control"], timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
-            except Exception:
-                print("  no controller answers")
+                stub = connect(entry["control"], timeout=3, token=entry.get("token", ""))
+                reply = stub.Status(control_pb2.StatusRequest(), timeout=5)
+            except Exception as exc:  # noqa: BLE001 - gRPC raises several kinds
+                print(f"  {unreachable(entry['control'], exc)}")
                 continue
             answered += 1
             _print_status(reply)
         return 0 if answered else 1
     try:
-        reply = connect(ns.address, timeout=3).Status(control_pb2.StatusRequest(), timeout=5)
-    except Exception:
-        print(f"neuronabox: error: no controller answers at {ns.address}", file=sys.stderr)
+        stub = connect(ns.address, timeout=3, token=token_for(ns.address))
+        reply = stub.Status(control_pb2.StatusRequest(), timeout=5)
+    except Exception as exc:  # noqa: BLE001
+        print(f"neuronabox: error: {unreachable(ns.address, exc)}", file=sys.stderr)
         return 1
     _print_status(reply)
     return 0
@@ -141,10 +168,10 @@ def inject_main(argv: list[str]) -> int:
     if address is None:
         return 2
     try:
-        stub = connect(address, timeout=3)
+        stub = connect(address, timeout=3, token=token_for(address))
         reply = stub.Inject(control_pb2.InjectRequest(specs=ns.specs, clear=ns.clear), timeout=5)
-    except Exception:
-        print(f"neuronabox: error: no controller answers at {address}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001
+        print(f"neuronabox: error: {unreachable(address, exc)}", file=sys.stderr)
         return 1
     if reply.error:
         print(f"neuronabox: error: {reply.error}", file=sys.stderr)

@@ -91,6 +91,14 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
         return s.getsockname()[1]
 
 
+def register(path: Path, entry: dict) -> None:
+    """A run's registry entry, readable by this user only (it holds the control token)."""
+    tmp = path.with_suffix(".tmp")
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(entry, f)
+    os.replace(tmp, path)
+
+
 def check_port_free(addr: str, port: int) -> None:
     """Refuse a store port something already listens on here: a second run on it would
     talk to the first run's store and ranks. An address that is not this host's (a
@@ -242,6 +250,7 @@ class Run:
         self.hurry = False  # a second interrupt while stopping: kill at once
         self.output: Path | None = None  # where the real ranks' stdout and stderr go (None: ours)
         self.shutdown_error = ""  # why the final status did not come, when it did not
+        self.control_token = ""  # what the control service asks of every call
         self.control_addr = ""
 
     def _real_ranks(self, args: LaunchArgs) -> tuple[list[int], list[int]]:
@@ -344,10 +353,11 @@ class Run:
             time.sleep(0.05)
         info = json.loads(ready.read_text())
         self.control_addr = info["control"]
-        RUNS_DIR.mkdir(exist_ok=True)
-        entry = json.dumps({"control": self.control_addr, "pid": os.getpid(), "dir": str(self.dir)})
-        (RUNS_DIR / f"{os.getpid()}.json").write_text(entry)  # `neuronabox status` lists every live run
-        (RUNS_DIR / "latest.json").write_text(entry)
+        self.control_token = info["control_token"]
+        RUNS_DIR.mkdir(mode=0o700, exist_ok=True)
+        entry = {"control": self.control_addr, "pid": os.getpid(), "dir": str(self.dir), "token": self.control_token}
+        register(RUNS_DIR / f"{os.getpid()}.json", entry)  # `neuronabox status` lists every live run
+        register(RUNS_DIR / "latest.json", entry)
         return info
 
     def controller_cause(self) -> str:
@@ -521,7 +531,7 @@ class Run:
         from neuronabox.controller.service import connect
 
         try:
-            stub = connect(self.control_addr, timeout=5)
+            stub = connect(self.control_addr, timeout=5, token=self.control_token)
             return stub.Shutdown(control_pb2.ShutdownRequest(reason=reason), timeout=20)
         except Exception as exc:  # noqa: BLE001 - gRPC raises several kinds; the cause is kept
             details = getattr(exc, "details", None)
