@@ -168,18 +168,34 @@ def check_writable(flag: str, target: str) -> None:
         raise UsageError(f"{flag} {target}: not writable")
 
 
+# Finds the torch the ranks will import and reads its version without importing it
+# (an import costs seconds of CPU per run): torch/version.py, else __init__.py.
+_TORCH_VERSION_PROBE = r"""
+import importlib.util, pathlib, re, sys
+spec = importlib.util.find_spec("torch")
+if spec is None or spec.origin is None:
+    sys.exit("No module named 'torch'")
+root = pathlib.Path(spec.origin).parent
+for f in (root / "version.py", root / "__init__.py"):
+    m = f.exists() and re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)", f.read_text(), re.M)
+    if m:
+        print(m.group(1))
+        break
+else:
+    sys.exit(f"no __version__ in {root}")
+"""
+
+
 def torch_version(python: str, env: dict[str, str]) -> tuple[int, int]:
-    out = subprocess.run(
-        [python, "-c", "import torch; print(torch.__version__)"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    """The (major, minor) of the torch that `python` imports with `env`."""
+    out = subprocess.run([python, "-c", _TORCH_VERSION_PROBE], capture_output=True, text=True, env=env, timeout=60)
     if out.returncode != 0:
-        raise LaunchError(f"cannot import torch: {out.stderr.strip().splitlines()[-1:]}")
-    parts = out.stdout.strip().split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
+        raise LaunchError(f"cannot find torch: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    try:
+        major, minor = out.stdout.strip().split("+")[0].split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        raise LaunchError(f"cannot read torch's version {out.stdout.strip()!r}") from None
 
 
 class Interrupted(BaseException):
