@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+
+import psutil
 
 USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [--gloo-mode auto|full|lazy]
                              [--topology NAME|FILE] [--delay-model NAME] [--boundary modeled|real]
@@ -27,16 +28,6 @@ class ArgParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def live_runs() -> list[dict]:
     """Every run registered in RUNS_DIR/<launcher pid>.json whose launcher lives; the
     files of dead ones are removed."""
@@ -48,7 +39,7 @@ def live_runs() -> list[dict]:
             continue
         try:
             entry = json.loads(f.read_text())
-            alive = _alive(int(entry["pid"])) and bool(entry["control"])
+            alive = psutil.pid_exists(int(entry["pid"])) and bool(entry["control"])
         except (OSError, KeyError, ValueError, TypeError):
             continue  # being written, or gone
         if alive:

@@ -7,7 +7,6 @@ import sys
 
 import grpc
 from conftest import ROOT, SCRIPTS, Live
-
 from neuronabox.controller import control_pb2, control_pb2_grpc
 
 
