@@ -274,3 +274,21 @@ def test_the_native_ring_timeline_refuses_what_is_not_a_ring():
             RingTimeline(8, real, True, 0.0, 1e-5, 0.0, True, {})
     tl = RingTimeline(8, [0], True, 1.0, 1e-5, 2e-6, False, {})
     assert (tl.world, tl.t0, tl.pace, tl.work, tl.modeled) == (8, 1.0, 1e-5, 2e-6, False)
+
+
+def test_the_native_tree_and_barrier_timelines_refuse_bad_input():
+    from neuronabox.schedules._timing import BarrierTimeline, TreeTimeline
+
+    for real in ([], [3, 1], [0, 8]):
+        with pytest.raises(ValueError, match="real rank"):
+            TreeTimeline(8, 0, real, 0.0, 1e-5, 1e-6, 0.0, True, {})
+        with pytest.raises(ValueError, match="real rank"):
+            BarrierTimeline(8, real, 0.0, 1e-5, 0.0, True, {})
+    with pytest.raises(ValueError, match="root 8"):
+        TreeTimeline(8, 8, [0], 0.0, 1e-5, 1e-6, 0.0, True, {})
+    with pytest.raises(TypeError):
+        BarrierTimeline(8, [0], 0.0, 1e-5, 0.0, True, [])  # stragglers: a dict
+    tl = BarrierTimeline(8, [0], 0.0, 1e-5, 0.0, True, {})
+    with pytest.raises(TypeError):
+        tl.arrival(1)
+    assert tl.arrival(1, 0) == pytest.approx(1e-5)  # round 0 of a punctual emulated rank: one hop

@@ -27,9 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
-
-import numpy as np
 
 from . import _timing
 from .gloo import BinomialBroadcast, DisseminationBarrier, Link, RealRanks, RingAllgather, RingAllreduce, Schedule
@@ -110,110 +107,25 @@ def ring_timeline(
 
 
 # ---------------------------------------------------------------------------------
-# binomial broadcast: forward after the receive and its work; a rank's k-th send
-# leaves after k messages' worth of bytes on its link
+# binomial broadcast and dissemination barrier, native (native/tree_barrier_timeline.h)
 # ---------------------------------------------------------------------------------
-class TreeTimeline(Timeline):
-    def __init__(self, schedule: BinomialBroadcast, *args, **kwargs) -> None:
-        super().__init__(schedule, *args, **kwargs)
-        self.ser = schedule.nbytes / self.hop.bandwidth
-        self.sent: dict[tuple[int, int], float] = {}
-        self._ready: dict[int, float] = {}
-
-    def real_sent(self, rank: int, step: int, t: float) -> None:
-        self.sent[(rank, step)] = t + self.hop.latency + self.ser if self.modeled else t
-
-    def _from(self, parent: int, bit: int) -> float:
-        """When the send of `parent` at `bit` reaches its child."""
-        if parent in self.real:
-            return self.sent.get((parent, bit), NEVER)
-        k = self.schedule.send_index(parent, bit)
-        return self.ready(parent) + self.hop.latency + k * self.ser
-
-    def ready(self, rank: int) -> float:
-        t = self._ready.get(rank)
-        if t is None:
-            t = self.entry.of(rank)
-            p = self.schedule.parent(rank)
-            got = self._from(*p) + self.work if p is not None else t  # a receiver works, then forwards
-            if got != NEVER:  # a real parent's send not seen yet: ask again later
-                self._ready[rank] = t = max(t, got)
-        return t
-
-    def arrival(self, emu: int, step: int) -> float:
-        return self._from(emu, step)
-
-    def boundary_cost(self, emu: int, step: int) -> float:
-        return self.hop.latency + self.ser
+def tree_timeline(
+    schedule: BinomialBroadcast, hop: Link, entry: Entry, real: RealRanks, modeled: bool, work: float
+) -> _timing.TreeTimeline:
+    """A broadcast's timeline: a rank forwards after its receive and its work; its k-th
+    send leaves after k messages' worth of bytes on its link."""
+    return _timing.TreeTimeline(
+        schedule.world, schedule.root, real.sorted, entry.t0, hop.latency, schedule.nbytes / hop.bandwidth, work,
+        modeled, dict(entry.skew),
+    )  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------
-# dissemination barrier: round k waits for round k-1's send and receive (and its work)
-# ---------------------------------------------------------------------------------
-@cache
-def _emulated_hops(world: int, real: tuple[int, ...]) -> np.ndarray:
-    """h[k, e]: the most hops on a path of emulated ranks into rank e by round k
-    (entries of emulated ranks are its sources; real ranks cut paths). O(W log W), once."""
-    rounds = (world - 1).bit_length()
-    h = np.zeros((rounds + 1, world), dtype=np.int64)
-    emulated = np.ones(world, dtype=bool)
-    emulated[list(real)] = False
-    h[0][~emulated] = -(1 << 40)
-    for k in range(rounds):
-        shifted = np.roll(h[k], 1 << k) + 1  # from e - 2^k
-        h[k + 1] = np.where(emulated, np.maximum(h[k], shifted), h[k])
-    return h
-
-
-class BarrierTimeline(Timeline):
-    def __init__(self, schedule: DisseminationBarrier, *args, **kwargs) -> None:
-        super().__init__(schedule, *args, **kwargs)
-        self.a = self.hop.latency
-        self.edge = self.a + self.work
-        self.hops = _emulated_hops(schedule.world, tuple(self.real.sorted))
-        self.sent: dict[tuple[int, int], float] = {}
-        self.stragglers = {q: d for q, d in self.entry.skew.items() if q not in self.real}
-
-    def real_sent(self, rank: int, step: int, t: float) -> None:
-        self.sent[(rank, step)] = t + self.a if self.modeled else t
-
-    def _path(self, src: int, m: int) -> tuple[int, int] | None:
-        """The hops from `src` covering distance m (binary digits, rising rounds): (first
-        round, hop count), or None when a rank on the way, other than the ends, is real."""
-        w, node, first = self.schedule.world, src, None
-        for k in range(m.bit_length()):
-            if m >> k & 1:
-                if first is None:
-                    first = k
-                node = (node + (1 << k)) % w
-                if node in self.real and (m >> (k + 1)):
-                    return None
-        return first, bin(m).count("1")
-
-    def ready(self, emu: int, rnd: int) -> float:
-        w, span, edge = self.schedule.world, (1 << rnd) - 1, self.edge
-        t = self.entry.t0 + int(self.hops[rnd, emu]) * edge
-        for q, delay in self.stragglers.items():
-            m = (emu - q) % w
-            while m <= span:
-                if m == 0 or self._path(q, m) is not None:
-                    t = max(t, self.entry.t0 + delay + bin(m).count("1") * edge)
-                m += w
-        for x in self.real.sorted:
-            m = (emu - x) % w
-            while 0 < m <= span:
-                path = self._path(x, m)
-                if path is not None:  # x's first receiver works too
-                    first, n = path
-                    t = max(t, self.sent.get((x, first), NEVER) + self.work + (n - 1) * edge)
-                m += w
-        return t
-
-    def arrival(self, emu: int, step: int) -> float:
-        return self.ready(emu, step) + self.a
-
-    def boundary_cost(self, emu: int, step: int) -> float:
-        return self.a
+def barrier_timeline(
+    schedule: DisseminationBarrier, hop: Link, entry: Entry, real: RealRanks, modeled: bool, work: float
+) -> _timing.BarrierTimeline:
+    """A barrier's timeline: round k waits for round k-1's send and receive (and its work)."""
+    stragglers = {q: d for q, d in entry.skew.items() if q not in real}
+    return _timing.BarrierTimeline(schedule.world, real.sorted, entry.t0, hop.latency, work, modeled, stragglers)
 
 
 # ---------------------------------------------------------------------------------
@@ -236,16 +148,16 @@ class LagTimeline(Timeline):
 
 def timeline_for(
     schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
-) -> Timeline | _timing.RingTimeline:
+) -> Timeline | _timing.RingTimeline | _timing.TreeTimeline | _timing.BarrierTimeline:
     """The instance's timeline; `work`: seconds per edge, the schedule's `edge_work`."""
     if hasattr(schedule, "lag"):
         return LagTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         return ring_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, BinomialBroadcast):
-        return TreeTimeline(schedule, hop, entry, real, modeled, work)
+        return tree_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
-        return BarrierTimeline(schedule, hop, entry, real, modeled, work)
+        return barrier_timeline(schedule, hop, entry, real, modeled, work)
     raise TypeError(f"no timeline for {type(schedule).__name__}")
 
 

@@ -1,5 +1,6 @@
-// Python bindings of the native timing core: `RingTimeline`, the closed form the
-// engine asks once per emulated message of a ring (timing.py builds it).
+// Python bindings of the native timing core: `RingTimeline`, `TreeTimeline` and
+// `BarrierTimeline`, the closed forms the engine asks once per emulated message
+// (timing.py builds them, once per instance).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "ring_timeline.h"
+#include "tree_barrier_timeline.h"
 
 namespace {
 
@@ -159,6 +161,185 @@ PyGetSetDef ring_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
+// -- the tree and the barrier: one wrapper for both ---------------------------------------
+using nbx::timing::BarrierParams;
+using nbx::timing::BarrierTimeline;
+using nbx::timing::TreeParams;
+using nbx::timing::TreeTimeline;
+
+template <class T>
+struct Wrapped {
+  PyObject_HEAD
+  T* tl;
+};
+
+PyTypeObject TreeType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject BarrierType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// Sorted distinct ranks in [0, world) from a Python sequence.
+bool rank_list(PyObject* obj, int world, std::vector<int>* out) {
+  PyObject* seq = PySequence_Fast(obj, "real: a sequence of ranks");
+  if (seq == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long r = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if ((r == -1 && PyErr_Occurred()) || r < 0 || r >= world || (!out->empty() && r <= out->back())) {
+      Py_DECREF(seq);
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "real ranks must be sorted, distinct and in [0, %d)", world);
+      return false;
+    }
+    out->push_back(static_cast<int>(r));
+  }
+  Py_DECREF(seq);
+  if (world <= 0 || out->empty()) {
+    PyErr_SetString(PyExc_ValueError, "a timeline needs a positive world and a real rank");
+    return false;
+  }
+  return true;
+}
+
+bool delays(PyObject* dict, std::vector<std::pair<int, double>>* out) {
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(dict, &pos, &key, &value)) {
+    const long q = PyLong_AsLong(key);
+    const double d = PyFloat_AsDouble(value);
+    if (PyErr_Occurred()) return false;
+    out->emplace_back(static_cast<int>(q), d);
+  }
+  return true;
+}
+
+template <class T>
+int install(PyObject* obj, T* tl) {
+  auto* self = reinterpret_cast<Wrapped<T>*>(obj);
+  delete self->tl;
+  self->tl = tl;
+  if (tl == nullptr) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
+  static const char* kw[] = {"world", "root", "real", "t0", "latency", "ser", "work", "modeled", "skew", nullptr};
+  TreeParams p;
+  PyObject *real, *skew;
+  int modeled = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOddddpO!", const_cast<char**>(kw), &p.world, &p.root, &real, &p.t0,
+                                   &p.latency, &p.ser, &p.work, &modeled, &PyDict_Type, &skew)) {
+    return -1;
+  }
+  p.modeled = modeled != 0;
+  if (!rank_list(real, p.world, &p.real) || !delays(skew, &p.skew)) return -1;
+  if (p.root < 0 || p.root >= p.world) {
+    PyErr_Format(PyExc_ValueError, "root %d outside [0, %d)", p.root, p.world);
+    return -1;
+  }
+  return install(obj, new (std::nothrow) TreeTimeline(std::move(p)));
+}
+
+int barrier_init(PyObject* obj, PyObject* args, PyObject* kwds) {
+  static const char* kw[] = {"world", "real", "t0", "latency", "work", "modeled", "stragglers", nullptr};
+  BarrierParams p;
+  PyObject *real, *stragglers;
+  int modeled = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOdddpO!", const_cast<char**>(kw), &p.world, &real, &p.t0, &p.latency,
+                                   &p.work, &modeled, &PyDict_Type, &stragglers)) {
+    return -1;
+  }
+  p.modeled = modeled != 0;
+  if (!rank_list(real, p.world, &p.real) || !delays(stragglers, &p.stragglers)) return -1;
+  return install(obj, new (std::nothrow) BarrierTimeline(std::move(p)));
+}
+
+template <class T>
+void wrapped_dealloc(PyObject* obj) {
+  delete reinterpret_cast<Wrapped<T>*>(obj)->tl;
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+template <class T>
+T* wrapped_of(PyObject* obj) {
+  T* tl = reinterpret_cast<Wrapped<T>*>(obj)->tl;
+  if (tl == nullptr) PyErr_SetString(PyExc_RuntimeError, "timeline not initialized");
+  return tl;
+}
+
+template <class T>
+PyObject* wrapped_real_sent(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  T* tl = wrapped_of<T>(obj);
+  if (tl == nullptr) return nullptr;
+  int rank, step;
+  if (n != 3 || !two_ints(args, 2, &rank, &step)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "real_sent(rank, step, t)");
+    return nullptr;
+  }
+  const double t = PyFloat_AsDouble(args[2]);
+  if (PyErr_Occurred()) return nullptr;
+  tl->real_sent(rank, step, t);
+  Py_RETURN_NONE;
+}
+
+template <class T, double (T::*Fn)(int, int)>
+PyObject* wrapped_query(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  T* tl = wrapped_of<T>(obj);
+  int emu, step;
+  if (tl == nullptr || !two_ints(args, n, &emu, &step)) return nullptr;
+  return PyFloat_FromDouble((tl->*Fn)(emu, step));
+}
+
+template <class T>
+PyObject* wrapped_boundary_cost(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  T* tl = wrapped_of<T>(obj);
+  int emu, step;
+  if (tl == nullptr || !two_ints(args, n, &emu, &step)) return nullptr;
+  return PyFloat_FromDouble(tl->boundary_cost());
+}
+
+PyCFunction fast(PyObject* (*fn)(PyObject*, PyObject* const*, Py_ssize_t)) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn));
+}
+
+template <class T>
+PyMethodDef* methods_of() {
+  static PyMethodDef methods[] = {
+      {"real_sent", fast(wrapped_real_sent<T>), METH_FASTCALL,
+       "real_sent(rank, step, t): real `rank`'s boundary send of `step` reached the controller at t."},
+      {"arrival", fast(wrapped_query<T, &T::arrival>), METH_FASTCALL,
+       "arrival(emu, step): when emulated `emu`'s message of `step` reaches its real peer."},
+      {"release", fast(wrapped_query<T, &T::release>), METH_FASTCALL,
+       "release(emu, step): when the controller writes it."},
+      {"boundary_cost", fast(wrapped_boundary_cost<T>), METH_FASTCALL,
+       "boundary_cost(emu, step): the boundary hop's modeled time."},
+      {nullptr, nullptr, 0, nullptr},
+  };
+  return methods;
+}
+
+template <class T>
+bool ready_type(PyTypeObject* type, const char* name, const char* doc, initproc init) {
+  type->tp_name = name;
+  type->tp_basicsize = sizeof(Wrapped<T>);
+  type->tp_dealloc = wrapped_dealloc<T>;
+  type->tp_flags = Py_TPFLAGS_DEFAULT;
+  type->tp_doc = doc;
+  type->tp_methods = methods_of<T>();
+  type->tp_init = init;
+  type->tp_new = PyType_GenericNew;
+  return PyType_Ready(type) == 0;
+}
+
+bool add_type(PyObject* m, const char* name, PyTypeObject* type) {
+  Py_INCREF(type);
+  if (PyModule_AddObject(m, name, reinterpret_cast<PyObject*>(type)) < 0) {
+    Py_DECREF(type);
+    return false;
+  }
+  return true;
+}
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_timing", "NeuronaBox's native timing core.", -1, nullptr};
 
 }  // namespace
@@ -174,11 +355,16 @@ PyMODINIT_FUNC PyInit__timing(void) {
   RingType.tp_init = ring_init;
   RingType.tp_new = PyType_GenericNew;
   if (PyType_Ready(&RingType) < 0) return nullptr;
+  if (!ready_type<TreeTimeline>(&TreeType, "neuronabox.schedules._timing.TreeTimeline",
+                                "Release times of a binomial broadcast's emulated messages.", tree_init) ||
+      !ready_type<BarrierTimeline>(&BarrierType, "neuronabox.schedules._timing.BarrierTimeline",
+                                   "Release times of a dissemination barrier's emulated messages.", barrier_init)) {
+    return nullptr;
+  }
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
-  Py_INCREF(&RingType);
-  if (PyModule_AddObject(m, "RingTimeline", reinterpret_cast<PyObject*>(&RingType)) < 0) {
-    Py_DECREF(&RingType);
+  if (!add_type(m, "RingTimeline", &RingType) || !add_type(m, "TreeTimeline", &TreeType) ||
+      !add_type(m, "BarrierTimeline", &BarrierType)) {
     Py_DECREF(m);
     return nullptr;
   }
