@@ -1,0 +1,212 @@
+"""The engine in virtual time: the second driver of the sans-IO core.
+
+The socket driver (driver.py) runs the engine against real ranks on real sockets
+and the monotonic clock. This one runs the same engine, the same native pair
+machines, release timing and delay models against simulated real ranks, with
+time owned by the loop: nothing sleeps, nothing reads a wall clock, and a run is
+as long as its events. A simulated real rank speaks the dialect to the engine as
+a stock Gloo rank does (receives posted, sends announced, data once its peer's
+receive is posted) and runs the schedule's program punctually: a step's send
+leaves when the receives it waits for are in and worked on, as an emulated
+rank's would (a ring's send waits for the receives up to two steps back; a
+tree's or a barrier's for the receives before it). Frames cross between the
+pairs at once; the engine's release times are the model's arrivals.
+
+This is what the simulation fallback builds on; today it plays one real rank
+per instance, and the tests hold its end times to the schedules' closed forms.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neuronabox.schedules import Kind
+from neuronabox.schedules.gloo import RealRanks, RingAllgather, RingAllreduce, Schedule
+
+from ...engine import Conn, Engine, Group, InstanceRecord
+from ...release import ReleaseTiming
+from .protocol import GLOO, Data, GlooPair, RecvReady
+from .wire import SlotPrefix, make_slot
+
+PREFIX_OF_KIND = {Kind[p.name]: p for p in SlotPrefix}
+
+
+class VirtualLoop:
+    """Time and timers: `call_at` queues, `run` advances `now` from event to event."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn))
+
+    def run(self, until: float = math.inf) -> None:
+        while self._heap and self._heap[0][0] <= until:
+            when, _, fn = heapq.heappop(self._heap)
+            self.now = when
+            fn()
+
+
+@dataclass
+class SimulatedRank:
+    """One real rank's side of one instance, played punctually from its schedule."""
+
+    rank: int
+    schedule: Schedule
+    slot: int
+    entry: float
+    work: float  # an emulated rank's work per edge: the punctual real rank does the same
+    pairs: dict[int, GlooPair] = field(default_factory=dict)  # emulated peer -> the real side's pair
+    credits: dict[int, int] = field(default_factory=dict)  # peer -> receives it posted, not yet served
+    pending: dict[int, deque] = field(default_factory=dict)  # peer -> announced sends, in order
+    done: float | None = None
+
+    def __post_init__(self) -> None:
+        self.sends = list(self.schedule.sends(self.rank))
+        self.recvs = sorted(self.schedule.recvs(self.rank), key=lambda m: m.step)
+        self._recv_steps = [m.step for m in self.recvs]
+        self._expect: dict[int, deque[int]] = {}  # peer -> its receive steps, in order (FIFO per pair)
+        for m in self.recvs:
+            self._expect.setdefault(m.peer, deque()).append(m.step)
+        self.arrived: dict[int, float] = {}  # receive step -> when its data came
+        self._prefix: list[float] = []  # latest arrival among the first k receives (in step order)
+        self._lag = 2 if isinstance(self.schedule, (RingAllreduce, RingAllgather)) else 1
+
+    def got(self, peer: int, when: float) -> None:
+        """Data from `peer`: its oldest receive not yet served."""
+        step = self._expect[peer].popleft()
+        self.arrived[step] = when
+        steps, prefix = self._recv_steps, self._prefix
+        while len(prefix) < len(steps) and steps[len(prefix)] in self.arrived:
+            arrival = self.arrived[steps[len(prefix)]]
+            prefix.append(max(prefix[-1], arrival) if prefix else arrival)
+
+    def ready(self, step: int) -> float | None:
+        """When the send at `step` may leave, or None while a receive it waits for is out:
+        a ring's send waits for the receives up to two steps back, others' for those
+        before it."""
+        k = bisect.bisect_right(self._recv_steps, step - self._lag)
+        if k > len(self._prefix):
+            return None
+        return max(self.entry, self._prefix[k - 1] + self.work) if k else self.entry
+
+    @property
+    def finished(self) -> bool:
+        return len(self.arrived) == len(self.recvs) and not any(self.pending.values())
+
+
+class VirtualRun:
+    """The engine, one group, and simulated real ranks, in virtual time."""
+
+    def __init__(self, world: int, real: list[int], timing: ReleaseTiming | None) -> None:
+        if len(real) != 1:
+            raise NotImplementedError("the virtual driver plays one real rank per group for now")
+        self.loop = VirtualLoop()
+        self.group = Group("0", world, RealRanks(real, world))
+        self.conns: dict[tuple[int, int], Conn] = {}
+        self.ranks: dict[int, SimulatedRank] = {}
+        self.records: list[InstanceRecord] = []
+        self.meta: tuple[int, int] | None = None
+        self.engine = Engine(
+            emit=self._deliver,
+            dialect=GLOO,
+            request_meta=self._answer_meta,
+            on_complete=self.records.append,
+            conn_of=lambda g, r, e: self.conns.get((r, e)),
+            timing=timing,
+            call_at=self.loop.call_at,
+            clock=lambda: self.loop.now,
+        )
+        self._tag = itertools.count()
+
+    # -- the engine's side --------------------------------------------------------------
+    def _answer_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+        """What the observer would say: an allreduce's element count and size, a
+        broadcast's root (answered in the loop, as the observer's reply comes later)."""
+        sim = self.ranks[self.group.global_rank(real)]
+        if kind == Kind.BROADCAST:
+            root = sim.schedule.root
+            self.loop.call_at(self.loop.now, lambda: self.engine.on_root(group, slot, root))
+            return True
+        if self.meta is None:
+            return False
+        numel, elem = self.meta
+        self.loop.call_at(self.loop.now, lambda: self.engine.on_meta(group, slot, numel, elem))
+        return True
+
+    def _deliver(self, conn: Conn) -> None:
+        """The engine wrote on a pair: the simulated rank reads it at this instant, but
+        after the engine's turn ends (as a socket would), never inside it."""
+        raw = conn.pair.take()
+        self.loop.call_at(self.loop.now, lambda: self._read(conn, raw))
+
+    def _read(self, conn: Conn, raw: bytes) -> None:
+        sim = self.ranks[conn.real]
+        for ev in sim.pairs[conn.emu].receive(raw):  # raises on anything Gloo would kill the pair for
+            if isinstance(ev, RecvReady):
+                sim.credits[conn.emu] = sim.credits.get(conn.emu, 0) + 1
+                self._serve(sim, conn.emu)
+            elif isinstance(ev, Data):
+                sim.got(conn.emu, self.loop.now)
+                self._wake(sim)
+
+    def _say(self, sim: SimulatedRank, peer: int) -> None:
+        """The simulated rank's queued frames to `peer` reach the engine."""
+        conn = self.conns[(sim.rank, peer)]
+        for ev in conn.pair.receive(sim.pairs[peer].take()):
+            self.engine.on_event(conn, ev)
+
+    # -- the simulated rank's side ------------------------------------------------------
+    def start(self, kind: Kind, schedule: Schedule, at: float, work: float = 0.0, meta=None) -> SimulatedRank:
+        """The real rank enters a collective of `kind` at virtual time `at`."""
+        (rank,) = self.group.real.sorted
+        slot = make_slot(PREFIX_OF_KIND[kind], next(self._tag))
+        sim = self.ranks[rank] = SimulatedRank(rank, schedule, slot, at, work)
+        self.meta = meta
+        for m in sim.sends + sim.recvs:
+            if (rank, m.peer) not in self.conns:
+                self.conns[(rank, m.peer)] = Conn(self.group, rank, m.peer, GlooPair())
+            sim.pairs.setdefault(m.peer, GlooPair())
+        self.loop.call_at(at, lambda: self._enter(sim))
+        return sim
+
+    def _enter(self, sim: SimulatedRank) -> None:
+        for m in sim.recvs:
+            sim.pairs[m.peer].recv_ready(sim.slot, m.nbytes)
+            self._say(sim, m.peer)
+        for m in sim.sends:
+            sim.pending.setdefault(m.peer, deque()).append(m)
+            sim.pairs[m.peer].send_ready(sim.slot, m.nbytes)
+            self._say(sim, m.peer)
+        self._wake(sim)
+
+    def _wake(self, sim: SimulatedRank) -> None:
+        for peer, queue in sim.pending.items():
+            if queue:
+                self._serve(sim, peer)
+        if sim.done is None and sim.finished:
+            sim.done = max([sim.entry, *sim.arrived.values()])
+
+    def _serve(self, sim: SimulatedRank, peer: int) -> None:
+        """Send what `peer` has a receive posted for and the program allows by now."""
+        queue = sim.pending.get(peer)
+        while queue and sim.credits.get(peer):
+            m = queue[0]
+            when = sim.ready(m.step)
+            if when is None:
+                return
+            if when > self.loop.now:
+                self.loop.call_at(when, lambda: self._wake(sim))
+                return
+            queue.popleft()
+            sim.credits[peer] -= 1
+            sim.pairs[peer].data(sim.slot, bytes(m.nbytes))
+            self._say(sim, peer)
