@@ -309,9 +309,11 @@ class Instance:
         self.engine.completed(self)
 
     def record(self, end: float) -> InstanceRecord:
-        return self.account.record(
-            self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted
-        )
+        rec = self.account.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted)
+        rec.world, rec.ranks = self.group.world, list(self.group.ranks)
+        rec.root = getattr(self.schedule, "root", None)
+        rec.numel, rec.elem = self.shape.numel, self.shape.elem
+        return rec
 
     def summary(self) -> str:
         return self.account.summary(self.name())

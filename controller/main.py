@@ -98,6 +98,8 @@ class Controller:
         )
         self.totals = RunTotals()
         self.watchdog = Watchdog(cfg.timeout_s)
+        # One reading of both clocks: the trace's monotonic times map to epoch time through it.
+        self.clock_anchor = {"monotonic": time.monotonic(), "epoch": time.time()}
         self.trace = TraceWriter(cfg.trace_file, self._trace_header()) if cfg.trace_file else None
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._may_dial_in
@@ -447,6 +449,7 @@ class Controller:
             "boundary": self.cfg.boundary,
             "inject": self.timing.whatif.specs(),
             "data": self.cfg.data,
+            "clock_anchor": self.clock_anchor,
         }
 
     def _trace_footer(self) -> dict:

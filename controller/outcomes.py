@@ -3,7 +3,7 @@ protocol errors (one module below both, so neither imports the other for them)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuronabox.errors import NeuronaBoxError
 
@@ -31,3 +31,8 @@ class InstanceRecord:
     geometry: str
     loop_cpu: float  # CPU seconds of the controller's loop thread when the instance completed
     predicted: float = 0.0  # the delay model's time for the instance on the first real rank
+    world: int = 0  # the group's size
+    ranks: list[int] = field(default_factory=list)  # the group's global ranks (empty: the default group)
+    root: int | None = None  # a rooted collective's root (group rank), when known
+    numel: int | None = None  # element count and size, when the observer told them
+    elem: int | None = None

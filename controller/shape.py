@@ -85,6 +85,8 @@ class ShapeInference:
         self.notices: dict[int, list[tuple[Conn, Event]]] = {}  # real rank -> its frames so far
         self.geometry = ""
         self.nbytes = 0
+        self.numel: int | None = None  # the tensor's element count and size, when the observer told them
+        self.elem: int | None = None
 
     # -- transitions, in one place -------------------------------------------------------
     def _move_question(self, to: Question) -> None:
@@ -129,6 +131,7 @@ class ShapeInference:
     def from_meta(self, numel: int, elem: int) -> Schedule:
         """The observer's answer for a ring: the tensor's element count and size."""
         self._move_question(Question.ANSWERED)
+        self.numel, self.elem = numel, elem
         geo = self._ring_geometry(self.group.world, numel * elem, elem)
         self.geometry = f"segments={geo.num_segments}x{geo.segment_bytes} (observer)"
         self.nbytes = geo.total

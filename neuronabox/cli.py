@@ -10,13 +10,14 @@ import psutil
 
 USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [--gloo-mode auto|full|lazy]
                              [--topology NAME|FILE] [--delay-model NAME] [--boundary modeled|real]
-                             [--inject SPEC]... [--no-observer] [--trace FILE] script.py [script args]
+                             [--inject SPEC]... [--no-observer] [--trace FILE] [--timeout S] script.py [args]
        neuronabox status [--address HOST:PORT]
        neuronabox inject [--address HOST:PORT] [--clear] [SPEC ...]
        neuronabox whatif --sweep KEY=V1,V2,... [--with OPTS] [--out PREFIX] [launch flags] -- script.py [args]
        neuronabox calibrate [--testbed loopback|netns] [--rate RATE] --out FILE.yaml
        neuronabox validate [torchrun flags] [--real-ranks ...] [--testbed loopback|netns] [--rate RATE]
                            [--repeat K] [--csv FILE] -- script.py [args]
+       neuronabox export TRACE --format chrome|png [--out PATH] [--sample-emulated K] [--window FROM,TO]
        neuronabox topology show NAME|FILE"""
 
 
@@ -208,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         from .calibrate import calibrate_main
 
         return calibrate_main(rest)
+    if cmd == "export":
+        from .export import export_main
+
+        return export_main(rest)
     if cmd == "validate":
         from .validate import validate_main
 

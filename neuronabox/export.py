@@ -1,0 +1,244 @@
+"""`neuronabox export TRACE --format chrome|png [--out PATH]`: a run's trace in the
+forms users load.
+
+- chrome: Chrome trace-event JSON (opens in Perfetto and chrome://tracing). One
+  process per real rank, as measured: each collective an async span (overlapping
+  DDP buckets survive), with the PyTorch profiler's argument names; the compute
+  between a rank's collectives as complete events on a second track; optimizer
+  steps as instants. `--sample-emulated K` adds K emulated ranks whose spans are
+  the model's time for each instance. A `distributedInfo` block names the world
+  and the groups, as the profiler's does.
+- png: the same events drawn as a timeline, one row per rank.
+
+Times are epoch microseconds: the trace's monotonic times pass through the
+clock anchor its header carries.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import trace as tracefile
+
+GAP_TRACK, COLL_TRACK = 1, 0
+
+
+@dataclass
+class Span:
+    """One real rank's part of one collective, in epoch microseconds."""
+
+    rank: int  # global
+    start: float
+    end: float
+    record: dict
+
+
+def to_epoch_us(doc: dict):
+    """A function from the trace's monotonic seconds to epoch microseconds."""
+    anchor = doc.get("clock_anchor") or {"monotonic": 0.0, "epoch": 0.0}
+    offset = anchor["epoch"] - anchor["monotonic"]
+    return lambda t: (t + offset) * 1e6
+
+
+def spans(doc: dict) -> list[Span]:
+    """Every real rank's span of every collective, in start order."""
+    us = to_epoch_us(doc)
+    out = []
+    for rec in doc["instances"]:
+        ranks = rec.get("ranks") or []
+        for r, (a, b) in rec["per_rank"].items():
+            g = ranks[int(r)] if ranks else int(r)
+            out.append(Span(g, us(a), us(b), rec))
+    return sorted(out, key=lambda s: (s.start, s.rank))
+
+
+def _group_ranks(rec: dict, world: int) -> list[int]:
+    return rec.get("ranks") or list(range(rec.get("world") or world))
+
+
+def _args(rec: dict, world: int) -> dict:
+    """The PyTorch profiler's argument names for a collective."""
+    numel = rec.get("numel")
+    elem = rec.get("elem")
+    nbytes = rec["nbytes"]
+    nelems = numel if numel is not None else (nbytes // elem if elem else None)
+    ranks = _group_ranks(rec, world)
+    args = {
+        "Collective name": rec["kind"],
+        "In msg nelems": nelems if nelems is not None else -1,
+        "Out msg nelems": nelems if nelems is not None else -1,
+        "dtype": {1: "Byte", 2: "Half", 4: "Float", 8: "Double"}.get(elem, "unknown") if elem else "unknown",
+        "Group size": len(ranks),
+        "Process Group Name": rec["group"],
+        "Process Group Ranks": json.dumps(ranks),
+        "Seq": rec["tag"],
+        "bytes": nbytes,
+        "boundary messages": rec["boundary_messages"],
+        "model time (us)": rec.get("predicted", 0.0) * 1e6,
+        "schedule": rec.get("geometry", ""),
+    }
+    if rec.get("root") is not None:
+        args["Root"] = rec["root"]
+    return args
+
+
+def chrome(doc: dict, sample_emulated: int = 0) -> dict:
+    """The Chrome trace-event document of a loaded trace (`trace.load`)."""
+    world = doc["world_size"]
+    real = sorted(doc["real_ranks"])
+    us = to_epoch_us(doc)
+    events: list[dict] = []
+    emulated = [e for e in range(world) if e not in set(real)]
+    step = max(1, len(emulated) // sample_emulated) if sample_emulated else 0
+    sampled = emulated[::step][:sample_emulated] if sample_emulated else []
+    for r in real + sampled:
+        kind = "real, measured" if r in real else "emulated, the model's time"
+        events.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r} ({kind})"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": r, "args": {"sort_index": r}})
+        events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": COLL_TRACK, "args": {"name": "collectives"}})
+        if r in real:
+            events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": GAP_TRACK, "args": {"name": "compute"}})
+    ident = 0
+    last_end: dict[int, float] = {}
+    for s in spans(doc):
+        ident += 1
+        args = _args(s.record, world)
+        name = s.record["kind"]
+        events.append({"name": name, "cat": "collective", "ph": "b", "id": ident, "pid": s.rank, "tid": COLL_TRACK,
+                       "ts": s.start, "args": args})  # fmt: skip
+        events.append({"name": name, "cat": "collective", "ph": "e", "id": ident, "pid": s.rank, "tid": COLL_TRACK,
+                       "ts": max(s.end, s.start)})  # fmt: skip
+        prev = last_end.get(s.rank)
+        if prev is not None and s.start > prev:
+            events.append({"name": "compute", "cat": "compute", "ph": "X", "pid": s.rank, "tid": GAP_TRACK,
+                           "ts": prev, "dur": s.start - prev})  # fmt: skip
+        last_end[s.rank] = max(prev or s.end, s.end)
+    for rec in doc["instances"]:
+        for e in sampled:
+            if e >= (rec.get("world") or world):
+                continue
+            ident += 1
+            start = us(rec["start"])
+            base = {"name": rec["kind"], "cat": "collective (model)", "id": ident, "pid": e, "tid": COLL_TRACK}
+            events.append({**base, "ph": "b", "ts": start, "args": _args(rec, world)})
+            events.append({**base, "ph": "e", "ts": start + rec.get("predicted", 0.0) * 1e6})
+    for rank, t in doc["steps"]:
+        if rank in set(real):
+            events.append({"name": "optimizer step", "cat": "step", "ph": "i", "s": "p", "pid": rank,
+                           "tid": GAP_TRACK, "ts": t * 1e6})  # fmt: skip
+    groups = {}
+    for rec in doc["instances"]:
+        groups.setdefault(rec["group"], _group_ranks(rec, world))
+    info = {
+        "backend": "gloo",
+        "rank": real[0] if real else 0,
+        "world_size": world,
+        "pg_count": len(groups),
+        "pg_config": [
+            {"pg_name": n, "pg_desc": "default_pg" if n == "0" else n, "pg_size": len(r), "ranks": r}
+            for n, r in sorted(groups.items())
+        ],
+        "emulated_by": "neuronabox",
+        "real_ranks": real,
+        "delay_model": doc.get("delay_model"),
+        "topology": doc.get("topology"),
+    }
+    return {"traceEvents": events, "displayTimeUnit": "ms", "distributedInfo": info}
+
+
+KIND_COLORS = {
+    "allreduce": "tab:blue", "allgather": "tab:green", "broadcast": "tab:orange", "barrier": "tab:red",
+    "reduce": "tab:purple", "gather": "tab:brown", "scatter": "tab:pink", "alltoall": "tab:olive",
+    "send": "tab:cyan", "recv": "tab:cyan",
+}  # fmt: skip
+
+
+def png(doc: dict, path: Path, window: tuple[float, float] | None = None) -> None:
+    """A timeline: one row per real rank, each collective a bar in its kind's colour,
+    compute gaps grey, optimizer steps as ticks. `window`: (from, to) in ms from the
+    first event, to zoom in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ss = spans(doc)
+    if not ss:
+        raise ValueError("the trace has no collective instances to draw")
+    t0 = ss[0].start
+    real = sorted({s.rank for s in ss})
+    row = {r: i for i, r in enumerate(real)}
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.6 * len(real)))
+    last_end: dict[int, float] = {}
+    kinds = set()
+    for s in ss:
+        y = row[s.rank]
+        a, b = (s.start - t0) / 1e3, (s.end - t0) / 1e3
+        prev = last_end.get(s.rank)
+        if prev is not None and a > prev:
+            ax.broken_barh([(prev, a - prev)], (y - 0.15, 0.3), color="lightgrey")
+        ax.broken_barh([(a, max(b - a, 1e-3))], (y - 0.35, 0.7), color=KIND_COLORS.get(s.record["kind"], "black"))
+        kinds.add(s.record["kind"])
+        last_end[s.rank] = max(prev or b, b)
+    for rank, t in doc["steps"]:
+        if rank in row:
+            ax.plot([(t * 1e6 - t0) / 1e3] * 2, [row[rank] - 0.45, row[rank] + 0.45], color="black", linewidth=0.8)
+    ax.set_yticks(range(len(real)), [f"rank {r}" for r in real])
+    ax.set_xlabel("time (ms)")
+    if window:
+        ax.set_xlim(*window)
+    ax.set_title(f"NeuronaBox run: world {doc['world_size']}, {doc.get('delay_model')} on {doc.get('topology')}")
+    handles = [Patch(color=KIND_COLORS.get(k, "black"), label=k) for k in sorted(kinds)]
+    handles.append(Patch(color="lightgrey", label="compute"))
+    ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=len(handles))
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def export_main(argv: list[str]) -> int:
+    from .cli import ArgParser
+
+    p = ArgParser(prog="neuronabox export", description="Write a run's trace as Chrome trace JSON or a PNG timeline.")
+    p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
+    p.add_argument("--format", required=True, choices=["chrome", "png"])
+    p.add_argument("--out", help="output file (default: TRACE with .json or .png)")
+    p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")
+    p.add_argument("--window", help="png: FROM,TO in ms from the first event")
+    ns = p.parse_args(argv)
+    try:
+        doc = tracefile.load(ns.trace)
+    except OSError as exc:
+        print(f"neuronabox: error: {ns.trace}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except tracefile.TraceError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(ns.out or Path(ns.trace).with_suffix(".json" if ns.format == "chrome" else ".png"))
+    if ns.format == "chrome":
+        out.write_text(json.dumps(chrome(doc, ns.sample_emulated)))
+    else:
+        window = None
+        if ns.window:
+            try:
+                lo, hi = (float(x) for x in ns.window.split(","))
+            except ValueError:
+                print(f"neuronabox: error: --window takes FROM,TO in ms, got {ns.window!r}", file=sys.stderr)
+                return 2
+            window = (lo, hi)
+        try:
+            png(doc, out, window)
+        except ValueError as exc:
+            print(f"neuronabox: error: {exc}", file=sys.stderr)
+            return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(export_main(sys.argv[1:]))

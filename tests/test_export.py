@@ -1,0 +1,77 @@
+"""`neuronabox export`: a live run's trace as Chrome trace-event JSON (checked for the
+structure Perfetto needs) and as a PNG timeline."""
+
+import json
+
+import pytest
+from conftest import EXAMPLE
+
+from neuronabox.trace import load
+
+REQUIRED_ARGS = {"Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
+                 "Process Group Name", "Process Group Ranks", "Seq"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_rank_trace(tmp_path_factory):
+    from conftest import nbx
+
+    trace = tmp_path_factory.mktemp("export") / "run.jsonl"
+    res = nbx("torchrun", "--nnodes", "8", "--real-nodes", "0,3", "--trace", str(trace), EXAMPLE, "--steps", "4")
+    assert res.rc == 0, res.err[-2000:]
+    return trace
+
+
+def test_chrome_export_is_structurally_sound(run, two_rank_trace, tmp_path):
+    out = tmp_path / "run.json"
+    res = run("export", str(two_rank_trace), "--format", "chrome", "--out", str(out), "--sample-emulated", "2")
+    assert res.rc == 0, res.err
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
+    assert {e["ph"] for e in events} <= {"M", "b", "e", "X", "i"}
+    named = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {0, 3} <= set(named) and "real" in named[0] and len(named) == 4  # two real, two sampled emulated
+    opened: dict[tuple, dict] = {}
+    for e in sorted((e for e in events if e["ph"] in "be"), key=lambda e: (e["ts"], e["ph"] == "e")):
+        key = (e["cat"], e["id"], e["pid"])
+        if e["ph"] == "b":
+            assert key not in opened
+            opened[key] = e
+        else:
+            begin = opened.pop(key)  # every end closes a begun span of the same id and process
+            assert e["name"] == begin["name"] and e["ts"] >= begin["ts"]
+    assert not opened  # balanced
+    colls = [e for e in events if e["ph"] == "b" and e["cat"] == "collective"]
+    trace = load(two_rank_trace)
+    assert len(colls) == sum(len(i["per_rank"]) for i in trace["instances"])
+    assert {e["pid"] for e in colls} == {0, 3}
+    for e in colls:
+        assert REQUIRED_ARGS <= set(e["args"])
+    ar = [e["args"] for e in colls if e["name"] == "allreduce"]
+    assert ar and all(a["Group size"] == 8 and json.loads(a["Process Group Ranks"]) == list(range(8)) for a in ar)
+    for a in ar:  # the element count and dtype where the observer told them (the wire alone does not)
+        assert (a["dtype"], a["In msg nelems"]) == ("unknown", -1) or (a["dtype"] == "Float" and a["In msg nelems"] > 0)
+    steps = [e for e in events if e["ph"] == "i"]
+    assert len(steps) == 8  # four optimizer steps on each real rank
+    first_step = min(e["ts"] for e in steps)
+    first_coll = min(e["ts"] for e in colls)
+    assert abs(first_step - first_coll) < 60e6  # one clock: both in epoch microseconds, within a minute
+    assert any(e["ph"] == "X" and e["name"] == "compute" for e in events)
+    info = doc["distributedInfo"]
+    assert info["world_size"] == 8 and info["pg_count"] >= 1 and info["pg_config"][0]["ranks"] == list(range(8))
+
+
+def test_png_export_draws_the_timeline(run, two_rank_trace, tmp_path):
+    out = tmp_path / "run.png"
+    res = run("export", str(two_rank_trace), "--format", "png", "--out", str(out))
+    assert res.rc == 0, res.err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_export_of_what_is_not_a_trace(run, tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("hello\n")
+    res = run("export", str(bad), "--format", "chrome")
+    assert res.rc == 2 and "not a NeuronaBox trace" in res.last_error
+    res = run("export", str(tmp_path / "missing.jsonl"), "--format", "png")
+    assert res.rc == 2 and "missing.jsonl" in res.last_error
