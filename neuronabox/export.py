@@ -9,6 +9,9 @@ forms users load.
   the model's time for each instance. A `distributedInfo` block names the world
   and the groups, as the profiler's does.
 - png: the same events drawn as a timeline, one row per rank.
+- nccl-tests: the nccl-tests table (size, count, type, redop, root, time,
+  algbw, busbw) per kind and size, the time the real ranks' mean, with
+  nccl-tests' bus-bandwidth factors; `#wrong` is `-` (nothing is checked here).
 
 Times are epoch microseconds: the trace's monotonic times pass through the
 clock anchor its header carries.
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import trace as tracefile
+from .busbw import bandwidths
 
 GAP_TRACK, COLL_TRACK = 1, 0
 
@@ -149,6 +153,43 @@ def chrome(doc: dict, sample_emulated: int = 0) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "distributedInfo": info}
 
 
+TYPE_NAMES = {1: "uint8", 2: "half", 4: "float", 8: "double"}
+REDOPS = {"allreduce": "sum", "reduce": "sum", "reduce_scatter": "sum"}
+
+
+def nccl_tests(doc: dict) -> str:
+    """The nccl-tests table of a trace, one block per collective kind."""
+    world = doc["world_size"]
+    rows: dict[str, dict[tuple, list[float]]] = {}
+    for rec in doc["instances"]:
+        if rec["kind"] in ("send", "recv") or not rec["per_rank"]:
+            continue
+        times = [b - a for a, b in rec["per_rank"].values()]
+        key = (rec["nbytes"], rec.get("elem"), rec.get("root"), rec.get("world") or world)
+        rows.setdefault(rec["kind"], {}).setdefault(key, []).append(sum(times) / len(times))
+    out = [f"# NeuronaBox: {world} ranks, real {doc['real_ranks']}, {doc.get('delay_model')} on {doc.get('topology')};"
+           " time: the real ranks' mean per size, in us"]  # fmt: skip
+    for kind in sorted(rows):
+        out += [
+            "#",
+            f"# Collective: {kind}",
+            f"# {'size':>10} {'count':>12} {'type':>7} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>7} {'busbw':>7}"
+            f" {'#wrong':>6}  {'n':>5}",
+            f"# {'(B)':>10} {'(elements)':>12} {'':>7} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}",
+        ]
+        for (nbytes, elem, root, ranks), times in sorted(rows[kind].items(), key=lambda kv: kv[0][0]):
+            mean = sum(times) / len(times)
+            alg, bus = bandwidths(kind, nbytes, mean, ranks)
+            count = str(nbytes // elem) if elem else "?"
+            dtype = TYPE_NAMES.get(elem, "?") if elem else "?"
+            rooted = root if root is not None else -1
+            out.append(
+                f"  {nbytes:>10} {count:>12} {dtype:>7} {REDOPS.get(kind, 'none'):>6} {rooted:>5}"
+                f" {mean * 1e6:>10.2f} {alg:>7.3f} {bus:>7.3f} {'-':>6}  {len(times):>5}"
+            )
+    return "\n".join(out) + "\n"
+
+
 KIND_COLORS = {
     "allreduce": "tab:blue", "allgather": "tab:green", "broadcast": "tab:orange", "barrier": "tab:red",
     "reduce": "tab:purple", "gather": "tab:brown", "scatter": "tab:pink", "alltoall": "tab:olive",
@@ -206,7 +247,7 @@ def export_main(argv: list[str]) -> int:
 
     p = ArgParser(prog="neuronabox export", description="Write a run's trace as Chrome trace JSON or a PNG timeline.")
     p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
-    p.add_argument("--format", required=True, choices=["chrome", "png"])
+    p.add_argument("--format", required=True, choices=["chrome", "png", "nccl-tests"])
     p.add_argument("--out", help="output file (default: TRACE with .json or .png)")
     p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")
     p.add_argument("--window", help="png: FROM,TO in ms from the first event")
@@ -219,8 +260,14 @@ def export_main(argv: list[str]) -> int:
     except tracefile.TraceError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(ns.out or Path(ns.trace).with_suffix(".json" if ns.format == "chrome" else ".png"))
-    if ns.format == "chrome":
+    suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt"}[ns.format]
+    if ns.format == "nccl-tests" and ns.out is None:
+        sys.stdout.write(nccl_tests(doc))
+        return 0
+    out = Path(ns.out or Path(ns.trace).with_suffix(suffix))
+    if ns.format == "nccl-tests":
+        out.write_text(nccl_tests(doc))
+    elif ns.format == "chrome":
         out.write_text(json.dumps(chrome(doc, ns.sample_emulated)))
     else:
         window = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .busbw import bandwidths
+
 
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -21,14 +23,16 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         f"  boundary msgs   {reply.boundary_messages}   controller CPU {reply.cpu_s:.2f} s",
         f"  network         {header.get('delay_model', '?')} on {header.get('topology', '?')}"
         f" ({header.get('boundary', 'modeled')} boundary)" + "".join(f"  +{s}" for s in inject),
-        "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)",
+        "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
+        "   algbw    busbw (GB/s, nccl-tests' definitions)",
     ]
     for k in reply.kinds:
         mean = k.seconds / k.count if k.count else 0.0
         model = k.predicted_s / k.count if k.count else 0.0
+        alg, bus = bandwidths(k.kind, k.bytes / k.count if k.count else 0, mean, reply.world_size)
         lines.append(
             f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
-            f"               {model * 1e3:9.3f} ms"
+            f"               {model * 1e3:9.3f} ms  {alg:7.3f}  {bus:7.3f}"
         )
     rel = footer.get("release", {})
     if rel.get("timed_releases"):

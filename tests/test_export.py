@@ -75,3 +75,32 @@ def test_export_of_what_is_not_a_trace(run, tmp_path):
     assert res.rc == 2 and "not a NeuronaBox trace" in res.last_error
     res = run("export", str(tmp_path / "missing.jsonl"), "--format", "png")
     assert res.rc == 2 and "missing.jsonl" in res.last_error
+
+
+def test_nccl_tests_table(run, two_rank_trace):
+    res = run("export", str(two_rank_trace), "--format", "nccl-tests")
+    assert res.rc == 0, res.err
+    blocks = {}
+    kind = None
+    for line in res.out.splitlines():
+        if line.startswith("# Collective: "):
+            kind = line.split(": ")[1]
+        elif not line.startswith("#") and line.strip():
+            size, count, dtype, redop, root, time_us, alg, bus, wrong, n = line.split()
+            blocks.setdefault(kind, []).append((int(size), float(time_us), float(alg), float(bus), redop, int(n)))
+    assert {"allreduce", "broadcast"} <= set(blocks)
+    for size, time_us, alg, bus, redop, n in blocks["allreduce"]:
+        assert redop == "sum" and n >= 1
+        assert alg == pytest.approx(size / time_us / 1e3, abs=2e-3)  # bytes per us = MB/s; GB/s is /1e3
+        assert bus == pytest.approx(alg * 2 * 7 / 8, abs=2e-3)  # 2(n-1)/n at 8 ranks
+    for _, _, alg, bus, _, _ in blocks["broadcast"]:
+        assert bus == pytest.approx(alg, abs=1e-3)
+
+
+def test_bus_factors_are_nccl_tests():
+    from neuronabox.busbw import bandwidths, bus_factor
+
+    assert bus_factor("allreduce", 8) == 2 * 7 / 8
+    assert bus_factor("allgather", 8) == bus_factor("alltoall", 8) == 7 / 8
+    assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
+    assert bandwidths("allreduce", 1e9, 0.5, 2) == (2.0, 2.0)
