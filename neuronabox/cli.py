@@ -18,6 +18,8 @@ USAGE = """usage: neuronabox torchrun [torchrun flags] [--real-nodes N[,N..]] [-
        neuronabox validate [torchrun flags] [--real-ranks ...] [--testbed loopback|netns] [--rate RATE]
                            [--repeat K] [--csv FILE] -- script.py [args]
        neuronabox export TRACE --format chrome|png [--out PATH] [--sample-emulated K] [--window FROM,TO]
+       neuronabox simulate TRACE [--nnodes N] [--nproc-per-node P] [--topology T] [--delay-model M]
+                           [--inject SPEC]... [--trace OUT]
        neuronabox topology show NAME|FILE"""
 
 
@@ -209,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         from .calibrate import calibrate_main
 
         return calibrate_main(rest)
+    if cmd == "simulate":
+        from .simulate import simulate_main
+
+        return simulate_main(rest)
     if cmd == "export":
         from .export import export_main
 

@@ -64,7 +64,8 @@ class SimulatedRank:
     slot: int
     entry: float
     work: float  # an emulated rank's work per edge: the punctual real rank does the same
-    pairs: dict[int, GlooPair] = field(default_factory=dict)  # emulated peer -> the real side's pair
+    meta: tuple[int, int] | None = None  # what the observer would say of an allreduce: (numel, elem)
+    on_done: Callable[[SimulatedRank], None] | None = None
     credits: dict[int, int] = field(default_factory=dict)  # peer -> receives it posted, not yet served
     pending: dict[int, deque] = field(default_factory=dict)  # peer -> announced sends, in order
     done: float | None = None
@@ -104,23 +105,32 @@ class SimulatedRank:
 
 
 class VirtualRun:
-    """The engine, one group, and simulated real ranks, in virtual time."""
+    """The engine, the default group, and its real rank simulated, in virtual time.
+    Instances may overlap (DDP's buckets do): each is keyed by its slot, and the pairs
+    are shared, as one TCP pair carries every instance between two ranks."""
 
-    def __init__(self, world: int, real: list[int], timing: ReleaseTiming | None) -> None:
+    def __init__(
+        self,
+        world: int,
+        real: list[int],
+        timing: ReleaseTiming | None,
+        on_complete: Callable[[InstanceRecord], None] | None = None,
+    ) -> None:
         if len(real) != 1:
             raise NotImplementedError("the virtual driver plays one real rank per group for now")
         self.loop = VirtualLoop()
         self.group = Group("0", world, RealRanks(real, world))
-        self.conns: dict[tuple[int, int], Conn] = {}
-        self.ranks: dict[int, SimulatedRank] = {}
+        self.rank = real[0]
+        self.conns: dict[int, Conn] = {}  # emulated peer -> the engine's side of the pair
+        self.mirrors: dict[int, GlooPair] = {}  # emulated peer -> the real rank's side
+        self.sims: dict[int, SimulatedRank] = {}  # slot -> the instance in flight
         self.records: list[InstanceRecord] = []
-        self.meta: tuple[int, int] | None = None
         self.engine = Engine(
             emit=self._deliver,
             dialect=GLOO,
             request_meta=self._answer_meta,
-            on_complete=self.records.append,
-            conn_of=lambda g, r, e: self.conns.get((r, e)),
+            on_complete=on_complete or self.records.append,
+            conn_of=lambda g, r, e: self.conns.get(e),
             timing=timing,
             call_at=self.loop.call_at,
             clock=lambda: self.loop.now,
@@ -131,14 +141,14 @@ class VirtualRun:
     def _answer_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
         """What the observer would say: an allreduce's element count and size, a
         broadcast's root (answered in the loop, as the observer's reply comes later)."""
-        sim = self.ranks[self.group.global_rank(real)]
+        sim = self.sims[slot]
         if kind == Kind.BROADCAST:
             root = sim.schedule.root
             self.loop.call_at(self.loop.now, lambda: self.engine.on_root(group, slot, root))
             return True
-        if self.meta is None:
+        if sim.meta is None:
             return False
-        numel, elem = self.meta
+        numel, elem = sim.meta
         self.loop.call_at(self.loop.now, lambda: self.engine.on_meta(group, slot, numel, elem))
         return True
 
@@ -146,54 +156,69 @@ class VirtualRun:
         """The engine wrote on a pair: the simulated rank reads it at this instant, but
         after the engine's turn ends (as a socket would), never inside it."""
         raw = conn.pair.take()
-        self.loop.call_at(self.loop.now, lambda: self._read(conn, raw))
+        self.loop.call_at(self.loop.now, lambda: self._read(conn.emu, raw))
 
-    def _read(self, conn: Conn, raw: bytes) -> None:
-        sim = self.ranks[conn.real]
-        for ev in sim.pairs[conn.emu].receive(raw):  # raises on anything Gloo would kill the pair for
+    def _read(self, peer: int, raw: bytes) -> None:
+        for ev in self.mirrors[peer].receive(raw):  # raises on anything Gloo would kill the pair for
+            sim = self.sims[ev.slot]
             if isinstance(ev, RecvReady):
-                sim.credits[conn.emu] = sim.credits.get(conn.emu, 0) + 1
-                self._serve(sim, conn.emu)
+                sim.credits[peer] = sim.credits.get(peer, 0) + 1
+                self._serve(sim, peer)
+                self._check_done(sim)
             elif isinstance(ev, Data):
-                sim.got(conn.emu, self.loop.now)
+                sim.got(peer, self.loop.now)
                 self._wake(sim)
 
-    def _say(self, sim: SimulatedRank, peer: int) -> None:
+    def _say(self, peer: int) -> None:
         """The simulated rank's queued frames to `peer` reach the engine."""
-        conn = self.conns[(sim.rank, peer)]
-        for ev in conn.pair.receive(sim.pairs[peer].take()):
+        conn = self.conns[peer]
+        for ev in conn.pair.receive(self.mirrors[peer].take()):
             self.engine.on_event(conn, ev)
 
     # -- the simulated rank's side ------------------------------------------------------
-    def start(self, kind: Kind, schedule: Schedule, at: float, work: float = 0.0, meta=None) -> SimulatedRank:
-        """The real rank enters a collective of `kind` at virtual time `at`."""
-        (rank,) = self.group.real.sorted
+    def start(
+        self,
+        kind: Kind,
+        schedule: Schedule,
+        at: float,
+        work: float = 0.0,
+        meta: tuple[int, int] | None = None,
+        on_done: Callable[[SimulatedRank], None] | None = None,
+    ) -> SimulatedRank:
+        """The real rank enters a collective of `kind` at virtual time `at` (not before now)."""
         slot = make_slot(PREFIX_OF_KIND[kind], next(self._tag))
-        sim = self.ranks[rank] = SimulatedRank(rank, schedule, slot, at, work)
-        self.meta = meta
+        sim = self.sims[slot] = SimulatedRank(self.rank, schedule, slot, at, work, meta, on_done)
         for m in sim.sends + sim.recvs:
-            if (rank, m.peer) not in self.conns:
-                self.conns[(rank, m.peer)] = Conn(self.group, rank, m.peer, GlooPair())
-            sim.pairs.setdefault(m.peer, GlooPair())
+            if m.peer not in self.conns:
+                self.conns[m.peer] = Conn(self.group, self.rank, m.peer, GlooPair())
+                self.mirrors[m.peer] = GlooPair()
         self.loop.call_at(at, lambda: self._enter(sim))
         return sim
 
     def _enter(self, sim: SimulatedRank) -> None:
+        sim.entry = self.loop.now
         for m in sim.recvs:
-            sim.pairs[m.peer].recv_ready(sim.slot, m.nbytes)
-            self._say(sim, m.peer)
+            self.mirrors[m.peer].recv_ready(sim.slot, m.nbytes)
+            self._say(m.peer)
         for m in sim.sends:
             sim.pending.setdefault(m.peer, deque()).append(m)
-            sim.pairs[m.peer].send_ready(sim.slot, m.nbytes)
-            self._say(sim, m.peer)
+            self.mirrors[m.peer].send_ready(sim.slot, m.nbytes)
+            self._say(m.peer)
         self._wake(sim)
 
     def _wake(self, sim: SimulatedRank) -> None:
         for peer, queue in sim.pending.items():
             if queue:
                 self._serve(sim, peer)
+        self._check_done(sim)
+
+    def _check_done(self, sim: SimulatedRank) -> None:
+        """Everything received and sent: the instance is over for the real rank."""
         if sim.done is None and sim.finished:
             sim.done = max([sim.entry, *sim.arrived.values()])
+            del self.sims[sim.slot]
+            if sim.on_done is not None:
+                sim.on_done(sim)
 
     def _serve(self, sim: SimulatedRank, peer: int) -> None:
         """Send what `peer` has a receive posted for and the program allows by now."""
@@ -208,5 +233,5 @@ class VirtualRun:
                 return
             queue.popleft()
             sim.credits[peer] -= 1
-            sim.pairs[peer].data(sim.slot, bytes(m.nbytes))
-            self._say(sim, peer)
+            self.mirrors[peer].data(sim.slot, bytes(m.nbytes))
+            self._say(peer)

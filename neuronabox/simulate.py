@@ -1,0 +1,253 @@
+"""`neuronabox simulate TRACE [--nnodes N --nproc-per-node P --topology T --delay-model M
+--inject SPEC ...] [--trace OUT]`: predict a recorded job at any world size, running
+no process of it.
+
+The recorded real rank's program is its collectives on the default group, in the
+order it entered them, and the compute between them. It is replayed through the
+virtual-time driver (controller/dialects/gloo/virtual.py): the same engine, pair
+machines, schedules, timing model and delay models as a live run, a simulated
+real rank that speaks Gloo to the engine, and time owned by the loop. Each
+collective keeps its recorded size; its time is what the model gives at the new
+world size. A collective the rank entered after the previous one ended waits for
+that end plus the recorded gap (the rank computed, or waited on something else);
+one it entered while the previous was in flight (DDP's buckets overlap the
+backward pass) starts the recorded interval after the previous one's start.
+Optimizer steps keep their offset from the collective before them, and the
+iteration time is the median interval between them, as in a live run.
+
+What it does not replay yet: subgroups, point-to-point traffic and the pairwise
+kinds (gather, scatter, alltoall), which are counted and reported as skipped, and
+more than one real rank's program (the lowest real rank's is used).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuronabox import delay_models, topology
+from neuronabox.schedules import Kind
+from neuronabox.schedules.gloo import (
+    BinomialBroadcast,
+    DisseminationBarrier,
+    RingAllgather,
+    RingAllreduce,
+    RingGeometry,
+    Schedule,
+)
+from neuronabox.whatif import WhatIf, WhatIfError
+
+from . import trace as tracefile
+
+REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER)
+
+
+@dataclass
+class Op:
+    """One collective of the recorded program."""
+
+    kind: Kind
+    nbytes: int
+    elem: int | None
+    root: int | None
+    start: float  # the real rank's entry and end, recorded (monotonic seconds)
+    end: float
+
+
+@dataclass
+class Program:
+    rank: int
+    world: int
+    ops: list[Op]
+    steps: list[float]  # optimizer steps on the trace's monotonic clock
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def program_of(doc: dict) -> Program:
+    """The lowest real rank's program: its default-group collectives and optimizer steps."""
+    rank = min(doc["real_ranks"])
+    anchor = doc.get("clock_anchor") or {"monotonic": 0.0, "epoch": 0.0}
+    offset = anchor["epoch"] - anchor["monotonic"]
+    ops, skipped = [], {}
+    for rec in doc["instances"]:
+        times = rec["per_rank"].get(str(rank))
+        if rec["group"] != "0" or rec["kind"] not in REPLAYED or times is None:
+            if times is not None or rec["group"] != "0":
+                skipped[rec["kind"]] = skipped.get(rec["kind"], 0) + 1
+            continue
+        ops.append(Op(Kind(rec["kind"]), rec["nbytes"], rec.get("elem"), rec.get("root"), times[0], times[1]))
+    ops.sort(key=lambda o: o.start)
+    steps = sorted(t - offset for r, t in doc["steps"] if r == rank)
+    return Program(rank, doc["world_size"], ops, steps, skipped)
+
+
+def schedule_for(op: Op, recorded_world: int, world: int) -> tuple[Schedule, tuple[int, int] | None]:
+    """The op's schedule at `world` ranks, and the observer's answer for an allreduce."""
+    if op.kind is Kind.ALLREDUCE:
+        elem = op.elem or 4
+        return RingAllreduce(RingGeometry.for_tensor(world, op.nbytes, elem)), (op.nbytes // elem, elem)
+    if op.kind is Kind.ALLGATHER:
+        return RingAllgather(world, max(1, op.nbytes // recorded_world)), None  # each rank's block, as recorded
+    if op.kind is Kind.BROADCAST:
+        root = op.root if op.root is not None and op.root < world else 0
+        return BinomialBroadcast(world, root, op.nbytes), None
+    return DisseminationBarrier(world), None
+
+
+@dataclass
+class Simulated:
+    world: int
+    ends: list[tuple[float, float]]  # each op's (start, end) in virtual seconds
+    steps: list[float]
+    iteration_s: float
+    records: list
+    skipped: dict[str, int]
+    wall_s: float
+
+
+def simulate(prog: Program, world: int, timing, rank: int | None = None, on_record=None) -> Simulated:
+    """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming)."""
+    from neuronabox.controller.dialects.gloo.virtual import VirtualRun
+
+    rank = prog.rank if rank is None else rank
+    if rank >= world:
+        rank = 0
+    t_wall = time.perf_counter()
+    records: list = []
+    run = VirtualRun(world, [rank], timing, on_complete=on_record or records.append)
+    ops = prog.ops
+    ends: list[tuple[float, float] | None] = [None] * len(ops)
+    starts: list[float | None] = [None] * len(ops)
+
+    def launch(i: int, at: float) -> None:
+        op = ops[i]
+        sched, meta = schedule_for(op, prog.world, world)
+        starts[i] = at
+        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, on_done=lambda sim, i=i: finished(i, sim))
+        nxt = i + 1
+        if nxt < len(ops) and ops[nxt].start < op.end:  # entered while this one was in flight
+            launch(nxt, at + (ops[nxt].start - op.start))
+
+    def finished(i: int, sim) -> None:
+        ends[i] = (starts[i], sim.done)
+        nxt = i + 1
+        if nxt < len(ops) and ops[nxt].start >= ops[i].end:
+            launch(nxt, sim.done + (ops[nxt].start - ops[i].end))
+
+    if ops:
+        launch(0, 0.0)
+        run.loop.run()
+    done = [e for e in ends if e is not None]
+    if len(done) != len(ops):
+        raise RuntimeError(f"the simulation stalled after {len(done)} of {len(ops)} collectives")
+    # Each optimizer step keeps its offset from the collective that ended last before it.
+    rec_ends = [o.end for o in ops]
+    steps = []
+    for t in prog.steps:
+        j = bisect.bisect_right(rec_ends, t) - 1
+        steps.append(t - ops[0].start if j < 0 else ends[j][1] + (t - ops[j].end))
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    iteration = statistics.median(gaps) if gaps else 0.0
+    return Simulated(world, done, steps, iteration, records, prog.skipped, time.perf_counter() - t_wall)
+
+
+def simulate_main(argv: list[str]) -> int:
+    from neuronabox.controller.release import ReleaseTiming
+
+    from .cli import ArgParser
+
+    p = ArgParser(prog="neuronabox simulate", description="Replay a recorded run's real rank at any world size.")
+    p.add_argument("trace", help="a trace written by --trace")
+    p.add_argument("--nnodes", type=int)
+    p.add_argument("--nproc-per-node", type=int)
+    p.add_argument("--topology")
+    p.add_argument("--delay-model")
+    p.add_argument("--inject", action="append", default=[])
+    p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
+    ns = p.parse_args(argv)
+    try:
+        doc = tracefile.load(ns.trace)
+    except OSError as exc:
+        print(f"neuronabox: error: {ns.trace}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except tracefile.TraceError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    nnodes = ns.nnodes or doc.get("nnodes") or doc["world_size"]
+    nproc = ns.nproc_per_node or doc.get("nproc_per_node") or 1
+    if nnodes < 1 or nproc < 1:
+        print("neuronabox: error: --nnodes and --nproc-per-node must be at least 1", file=sys.stderr)
+        return 2
+    world = nnodes * nproc
+    topo_name = ns.topology or doc.get("topology") or "cpu-25gbe"
+    model_name = ns.delay_model or doc.get("delay_model") or "alpha-beta"
+    try:
+        topo = topology.load(topo_name).with_nodes(nnodes, nproc)
+        model = delay_models.load(model_name, topo)
+        whatif = WhatIf.from_specs(ns.inject or doc.get("inject", []))
+    except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    timing = ReleaseTiming(model, whatif)
+    prog = program_of(doc)
+    writer = None
+    if ns.out:
+        header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
+                  "delay_model": model_name, "topology": topo_name, "boundary": "modeled",
+                  "inject": whatif.specs(), "data": "zeros", "clock_anchor": {"monotonic": 0.0, "epoch": 0.0},
+                  "simulated_from": str(Path(ns.trace).resolve())}  # fmt: skip
+        writer = tracefile.TraceWriter(ns.out, header)
+    totals = tracefile.RunTotals()
+
+    def on_record(rec) -> None:
+        from dataclasses import asdict
+
+        totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        if writer is not None:
+            writer.instance(asdict(rec))
+
+    try:
+        sim = simulate(prog, world, timing, on_record=on_record)
+    except RuntimeError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 1
+    for t in sim.steps:
+        totals.step(prog.rank, t)
+        if writer is not None:
+            writer.step(prog.rank, t)
+    if writer is not None:
+        writer.close({"state": "stopped", "error": "", "inject": whatif.specs(), "release": {"timed_releases": 0}})
+    print(report(sim, totals, world, prog, model_name, topo_name, whatif))
+    return 0
+
+
+def report(sim: Simulated, totals, world: int, prog: Program, model: str, topo: str, whatif: WhatIf) -> str:
+    from .busbw import bandwidths
+
+    lines = [
+        "NeuronaBox simulation",
+        f"  world size      {world}   (recorded at {prog.world})",
+        f"  real rank       {prog.rank} (simulated, punctual)",
+        f"  network         {model} on {topo}" + "".join(f"  +{s}" for s in whatif.specs()),
+        "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
+        "   algbw    busbw (GB/s)",
+    ]
+    for kind, k in sorted(totals.kinds.items()):
+        mean = k.seconds / k.count if k.count else 0.0
+        model_mean = k.predicted / k.count if k.count else 0.0
+        alg, bus = bandwidths(kind, k.nbytes / k.count if k.count else 0, mean, world)
+        lines.append(f"                  {kind:<10} {k.count:>7} {k.nbytes:>12d}   {mean * 1e3:9.3f} ms"
+                     f"               {model_mean * 1e3:9.3f} ms  {alg:7.3f}  {bus:7.3f}")  # fmt: skip
+    if sim.skipped:
+        lines.append("  not replayed    " + ", ".join(f"{k} x{n}" for k, n in sorted(sim.skipped.items())))
+    steps, it = totals.iteration()
+    lines.append(
+        f"  optimizer steps {steps}   iteration time {it * 1e3:.2f} ms" if steps
+        else "  optimizer steps none recorded; iteration time unknown"
+    )  # fmt: skip
+    lines.append(f"  simulated in    {sim.wall_s:.2f} s of wall time")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""`neuronabox simulate`: a recorded run's real rank replayed through the engine in
+virtual time at any world size, running no process of the job."""
+
+import re
+
+import pytest
+from conftest import EXAMPLE
+
+from neuronabox.trace import load
+
+
+@pytest.fixture(scope="module")
+def live_trace(tmp_path_factory):
+    from conftest import nbx
+
+    trace = tmp_path_factory.mktemp("simulate") / "live.jsonl"
+    res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "6")
+    assert res.rc == 0, res.err[-2000:]
+    return trace
+
+
+def iteration_ms(out: str) -> float:
+    return float(re.search(r"iteration time ([0-9.]+) ms", out).group(1))
+
+
+def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
+    sims = {}
+    for n in (8, 64, 1024):
+        out = tmp_path / f"sim{n}.jsonl"
+        res = run("simulate", str(live_trace), "--nnodes", str(n), "--trace", str(out))
+        assert res.rc == 0, res.err
+        assert f"world size      {n}" in res.out and "optimizer steps 6" in res.out
+        sims[n] = (iteration_ms(res.out), out)
+        doc = load(out)
+        live = load(live_trace)
+        assert doc["complete"] and doc["world_size"] == n
+        # Every default-group collective of the real rank is replayed, each at its recorded size.
+        want = sorted((i["kind"], i["nbytes"]) for i in live["instances"] if i["kind"] != "allreduce")
+        got = sorted((i["kind"], i["nbytes"]) for i in doc["instances"] if i["kind"] != "allreduce")
+        assert [k for k, _ in got] == [k for k, _ in want]
+        for rec in doc["instances"]:  # the simulated rank is punctual: it lives the model's time
+            if rec["kind"] == "broadcast":  # a root's frames all leave on entry; its model time is its sends'
+                continue
+            (a, b), = rec["per_rank"].values()
+            assert b - a == pytest.approx(rec["predicted"], rel=1e-6, abs=1e-9)
+    assert sims[8][0] < sims[64][0] < sims[1024][0]  # rings grow with the world under alpha-beta
+    # The simulated trace is a program too: replayed at its own size, it gives itself back.
+    res = run("simulate", str(sims[64][1]), "--nnodes", "64")
+    assert res.rc == 0, res.err
+    assert iteration_ms(res.out) == pytest.approx(sims[64][0], rel=1e-3)
+
+
+def test_what_if_reaches_the_simulation(run, live_trace):
+    base = run("simulate", str(live_trace), "--nnodes", "64")
+    slow = run("simulate", str(live_trace), "--nnodes", "64", "--inject", "latency=+1ms,per=hop")
+    assert base.rc == slow.rc == 0, slow.err
+    assert iteration_ms(slow.out) > iteration_ms(base.out) + 10  # every hop of every ring pays 1 ms
+
+
+def test_simulate_refuses_what_is_not_a_trace(run, tmp_path):
+    res = run("simulate", str(tmp_path / "none.jsonl"))
+    assert res.rc == 2 and "none.jsonl" in res.last_error
+    res = run("simulate", __file__)
+    assert res.rc == 2 and "not a NeuronaBox trace" in res.last_error
