@@ -26,7 +26,7 @@ import bisect
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from neuronabox import delay_models, topology
@@ -42,6 +42,7 @@ from neuronabox.schedules.gloo import (
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from . import trace as tracefile
+from .errors import NeuronaBoxError
 
 REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER)
 
@@ -108,6 +109,28 @@ class Simulated:
     skipped: dict[str, int]
     wall_s: float
 
+    @property
+    def comm_share(self) -> float:
+        """The share of the time between the first and the last optimizer step (the whole
+        program without two steps) the real rank spent in at least one collective."""
+        if not self.ends:
+            return 0.0
+        if len(self.steps) >= 2:
+            lo, hi = self.steps[0], self.steps[-1]
+        else:
+            lo, hi = min(a for a, _ in self.ends), max(b for _, b in self.ends)
+        covered, reach = 0.0, lo
+        for a, b in sorted(self.ends):
+            a, b = max(a, reach), min(b, hi)
+            if b > a:
+                covered += b - a
+                reach = b
+        return covered / (hi - lo) if hi > lo else 1.0
+
+
+class SimulateError(NeuronaBoxError, ValueError):
+    """Bad input to a simulation: one line, exit status 2."""
+
 
 def simulate(prog: Program, world: int, timing, rank: int | None = None, on_record=None) -> Simulated:
     """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming)."""
@@ -155,9 +178,70 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
     return Simulated(world, done, steps, iteration, records, prog.skipped, time.perf_counter() - t_wall)
 
 
-def simulate_main(argv: list[str]) -> int:
+def run_simulation(
+    doc: dict,
+    source: str,
+    nnodes: int | None = None,
+    nproc: int | None = None,
+    topology_name: str | None = None,
+    model_name: str | None = None,
+    inject: list[str] | None = None,
+    out: str | None = None,
+) -> tuple[Simulated, tracefile.RunTotals, str]:
+    """Simulate a loaded trace (`source`: its path, for the new trace's header); unset
+    options come from the trace. Returns the simulation, its totals and its report."""
     from neuronabox.controller.release import ReleaseTiming
 
+    nnodes = nnodes or doc.get("nnodes") or doc["world_size"]
+    nproc = nproc or doc.get("nproc_per_node") or 1
+    if nnodes < 1 or nproc < 1:
+        raise SimulateError("--nnodes and --nproc-per-node must be at least 1")
+    world = nnodes * nproc
+    topo_name = topology_name or doc.get("topology") or "cpu-25gbe"
+    model_name = model_name or doc.get("delay_model") or "alpha-beta"
+    try:
+        topo = topology.load(topo_name).with_nodes(nnodes, nproc)
+        model = delay_models.load(model_name, topo)
+        whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
+    except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
+        raise SimulateError(str(exc)) from None
+    timing = ReleaseTiming(model, whatif)
+    prog = program_of(doc)
+    writer = None
+    if out:
+        header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
+                  "delay_model": model_name, "topology": topo_name, "boundary": "modeled",
+                  "inject": whatif.specs(), "data": "zeros", "clock_anchor": {"monotonic": 0.0, "epoch": 0.0},
+                  "simulated_from": str(Path(source).resolve())}  # fmt: skip
+        writer = tracefile.TraceWriter(out, header)
+    totals = tracefile.RunTotals()
+
+    def on_record(rec) -> None:
+        totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        if writer is not None:
+            writer.instance(asdict(rec))
+
+    sim = simulate(prog, world, timing, on_record=on_record)
+    for t in sim.steps:
+        totals.step(prog.rank, t)
+        if writer is not None:
+            writer.step(prog.rank, t)
+    if writer is not None:
+        writer.close({"state": "stopped", "error": "", "inject": whatif.specs(), "release": {"timed_releases": 0}})
+    return sim, totals, report(sim, totals, world, prog, model_name, topo_name, whatif)
+
+
+def load_trace(path: str) -> dict:
+    """A trace for simulation, or SimulateError with the cause."""
+    try:
+        return tracefile.load(path)
+    except OSError as exc:
+        raise SimulateError(f"{path}: {exc.strerror}") from None
+    except tracefile.TraceError as exc:
+        raise SimulateError(str(exc)) from None
+
+
+def simulate_main(argv: list[str]) -> int:
     from .cli import ArgParser
 
     p = ArgParser(prog="neuronabox simulate", description="Replay a recorded run's real rank at any world size.")
@@ -166,62 +250,20 @@ def simulate_main(argv: list[str]) -> int:
     p.add_argument("--nproc-per-node", type=int)
     p.add_argument("--topology")
     p.add_argument("--delay-model")
-    p.add_argument("--inject", action="append", default=[])
+    p.add_argument("--inject", action="append", default=None)
     p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
     ns = p.parse_args(argv)
     try:
-        doc = tracefile.load(ns.trace)
-    except OSError as exc:
-        print(f"neuronabox: error: {ns.trace}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except tracefile.TraceError as exc:
+        doc = load_trace(ns.trace)
+        _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
+                                    ns.inject, ns.out)  # fmt: skip
+    except SimulateError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
-    nnodes = ns.nnodes or doc.get("nnodes") or doc["world_size"]
-    nproc = ns.nproc_per_node or doc.get("nproc_per_node") or 1
-    if nnodes < 1 or nproc < 1:
-        print("neuronabox: error: --nnodes and --nproc-per-node must be at least 1", file=sys.stderr)
-        return 2
-    world = nnodes * nproc
-    topo_name = ns.topology or doc.get("topology") or "cpu-25gbe"
-    model_name = ns.delay_model or doc.get("delay_model") or "alpha-beta"
-    try:
-        topo = topology.load(topo_name).with_nodes(nnodes, nproc)
-        model = delay_models.load(model_name, topo)
-        whatif = WhatIf.from_specs(ns.inject or doc.get("inject", []))
-    except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2
-    timing = ReleaseTiming(model, whatif)
-    prog = program_of(doc)
-    writer = None
-    if ns.out:
-        header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
-                  "delay_model": model_name, "topology": topo_name, "boundary": "modeled",
-                  "inject": whatif.specs(), "data": "zeros", "clock_anchor": {"monotonic": 0.0, "epoch": 0.0},
-                  "simulated_from": str(Path(ns.trace).resolve())}  # fmt: skip
-        writer = tracefile.TraceWriter(ns.out, header)
-    totals = tracefile.RunTotals()
-
-    def on_record(rec) -> None:
-        from dataclasses import asdict
-
-        totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
-        if writer is not None:
-            writer.instance(asdict(rec))
-
-    try:
-        sim = simulate(prog, world, timing, on_record=on_record)
     except RuntimeError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 1
-    for t in sim.steps:
-        totals.step(prog.rank, t)
-        if writer is not None:
-            writer.step(prog.rank, t)
-    if writer is not None:
-        writer.close({"state": "stopped", "error": "", "inject": whatif.specs(), "release": {"timed_releases": 0}})
-    print(report(sim, totals, world, prog, model_name, topo_name, whatif))
+    print(text)
     return 0
 
 
@@ -249,5 +291,6 @@ def report(sim: Simulated, totals, world: int, prog: Program, model: str, topo: 
         f"  optimizer steps {steps}   iteration time {it * 1e3:.2f} ms" if steps
         else "  optimizer steps none recorded; iteration time unknown"
     )  # fmt: skip
+    lines.append(f"  communication   {100 * sim.comm_share:.1f}% of the iterations' time in collectives")
     lines.append(f"  simulated in    {sim.wall_s:.2f} s of wall time")
     return "\n".join(lines)

@@ -1,4 +1,6 @@
-"""`neuronabox whatif --sweep KEY=V1,V2,... [launch flags] -- script.py [args]`
+"""`neuronabox whatif --sweep KEY=V1,V2,... [launch flags] -- script.py [args]`, or
+`neuronabox whatif --simulate TRACE --sweep KEY=V1,V2,...` in simulation (KEY may
+then be nnodes too: the recorded job at each world size).
 
 Runs the job once per value, with `--inject KEY=V` (plus `--with` options such as
 per=collective,op=allreduce), and writes a CSV table and a PNG plot of the
@@ -22,17 +24,28 @@ from .torchrun_args import UsageError
 from .whatif import WhatIfError, parse
 
 SWEEPABLE = {"latency": "injected latency", "bandwidth": "bandwidth factor", "jitter": "injected jitter"}
+SIMULATE_ONLY = {"nnodes": "emulated nodes"}  # a live sweep cannot change the world: a simulated one can
 
 
 class SweepError(NeuronaBoxError, ValueError):
     pass
 
 
-def plan(sweep: str, extra: str) -> tuple[str, list[tuple[str, float, str]]]:
+def plan(sweep: str, extra: str, simulated: bool = False) -> tuple[str, list[tuple[str, float, str]]]:
     """(key, [(label, numeric value, spec)]) for a --sweep argument; bad input raises SweepError."""
     key, eq, values = sweep.partition("=")
-    if not eq or key not in SWEEPABLE or not values:
-        raise SweepError(f"--sweep takes KEY=V1,V2,... with KEY one of {', '.join(SWEEPABLE)}, got {sweep!r}")
+    keys = {**SWEEPABLE, **SIMULATE_ONLY} if simulated else SWEEPABLE
+    if not eq or key not in keys or not values:
+        only = " (nnodes with --simulate)" if not simulated else ""
+        raise SweepError(f"--sweep takes KEY=V1,V2,... with KEY one of {', '.join(keys)}{only}, got {sweep!r}")
+    if key == "nnodes":
+        try:
+            nodes = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise SweepError(f"--sweep nnodes takes whole numbers, got {values!r}") from None
+        if min(nodes) < 1:
+            raise SweepError(f"--sweep nnodes: at least 1 node, got {min(nodes)}")
+        return key, [(str(n), float(n), extra) for n in nodes]
     out = []
     for raw in values.split(","):
         spec = f"{key}={raw.strip()}" + (f",{extra}" if extra else "")
@@ -71,9 +84,12 @@ def sweep_main(argv: list[str]) -> int:
     p.add_argument("--sweep", required=True, help="KEY=V1,V2,... (latency, bandwidth or jitter)")
     p.add_argument("--with", dest="extra", default="", help="options added to every spec, e.g. per=collective")
     p.add_argument("--out", default="whatif", help="output prefix: PREFIX.csv and PREFIX.png")
+    p.add_argument("--simulate", metavar="TRACE", help="sweep in simulation, replaying a recorded run's trace")
     if "-h" in ours or "--help" in ours:
         p.print_help()
         return 0
+    if "--simulate" in ours or any(a.startswith("--simulate=") for a in ours):
+        return simulated_sweep(p.parse_args(ours))
     if "--" not in argv:
         print("neuronabox: error: whatif needs the script after --", file=sys.stderr)
         return 2
@@ -112,8 +128,49 @@ def sweep_main(argv: list[str]) -> int:
     return 0
 
 
-def plot(rows: list[tuple[str, float, float]], key: str, extra: str, path: Path) -> tuple[str, str]:
-    """Iteration time against the swept value; returns the axis labels it wrote."""
+def simulated_sweep(ns) -> int:
+    """The sweep in simulation: one replay of the trace per value, no process run."""
+    from .simulate import SimulateError, load_trace, run_simulation
+
+    try:
+        key, points = plan(ns.sweep, ns.extra, simulated=True)
+        doc = load_trace(ns.simulate)
+    except (SweepError, SimulateError) as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    rows, shares = [], []
+    for n, (label, value, spec) in enumerate(points):
+        trace = trace_name(ns.out, n, label)
+        nodes = int(value) if key == "nnodes" else None
+        inject = ([spec] if spec else None) if key == "nnodes" else [spec]
+        try:
+            sim, totals, _ = run_simulation(doc, ns.simulate, nnodes=nodes, inject=inject, out=str(trace))
+        except (SimulateError, RuntimeError) as exc:
+            print(f"neuronabox: error: the simulation with {key}={label} failed: {exc}", file=sys.stderr)
+            return 1
+        steps, it = totals.iteration()
+        if steps < 2:
+            print("neuronabox: error: the trace has fewer than two optimizer steps", file=sys.stderr)
+            return 1
+        rows.append((label, value, it))
+        shares.append(sim.comm_share)
+        print(f"  {key}={label:<12} world {sim.world:>6}  iteration {it * 1e3:10.3f} ms  communication"
+              f" {100 * sim.comm_share:5.1f}%  ({sim.wall_s:.2f} s)  trace {trace}", flush=True)  # fmt: skip
+    csv_path, png_path = Path(f"{ns.out}.csv"), Path(f"{ns.out}.png")
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([key, f"{key}_value", "iteration_s", "communication_share"])
+        w.writerows((*row, share) for row, share in zip(rows, shares, strict=True))
+    plot(rows, key, ns.extra, png_path, shares)
+    print(f"wrote {csv_path} and {png_path}")
+    return 0
+
+
+def plot(
+    rows: list[tuple[str, float, float]], key: str, extra: str, path: Path, shares: list[float] | None = None
+) -> tuple[str, str]:
+    """Iteration time (and, in simulation, the communication share) against the swept
+    value; returns the axis labels it wrote."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +179,15 @@ def plot(rows: list[tuple[str, float, float]], key: str, extra: str, path: Path)
     scale, unit = (1e3, "ms") if key in ("latency", "jitter") else (1.0, "x")
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([v * scale for _, v, _ in rows], [it * 1e3 for _, _, it in rows], marker="o")
-    ax.set_xlabel(f"{SWEEPABLE[key]} ({unit})" + (f", {extra}" if extra else ""))
+    if key == "nnodes":
+        ax.set_xscale("log", base=2)
+        unit = "log scale"
+    if shares is not None:
+        share_ax = ax.twinx()
+        share_ax.plot([v * scale for _, v, _ in rows], [100 * s for s in shares], marker="s", color="tab:red")
+        share_ax.set_ylabel("communication share (%)", color="tab:red")
+        share_ax.set_ylim(0, 100)
+    ax.set_xlabel(f"{({**SWEEPABLE, **SIMULATE_ONLY})[key]} ({unit})" + (f", {extra}" if extra else ""))
     ax.set_ylabel("iteration time (ms)")
     ax.set_title("NeuronaBox what-if sweep")
     ax.grid(True, alpha=0.3)

@@ -62,3 +62,23 @@ def test_simulate_refuses_what_is_not_a_trace(run, tmp_path):
     assert res.rc == 2 and "none.jsonl" in res.last_error
     res = run("simulate", __file__)
     assert res.rc == 2 and "not a NeuronaBox trace" in res.last_error
+
+
+def test_whatif_sweeps_the_world_in_simulation(run, live_trace, tmp_path):
+    prefix = tmp_path / "scale"
+    res = run("whatif", "--simulate", str(live_trace), "--sweep", "nnodes=16,256,4096", "--out", str(prefix))
+    assert res.rc == 0, res.err
+    rows = (tmp_path / "scale.csv").read_text().splitlines()
+    assert rows[0] == "nnodes,nnodes_value,iteration_s,communication_share"
+    values = [tuple(map(float, r.split(",")[1:])) for r in rows[1:]]
+    assert [v[0] for v in values] == [16, 256, 4096]
+    assert values[0][1] < values[1][1] < values[2][1]  # iteration time grows with the world
+    assert values[0][2] < values[2][2] <= 1.0  # and communication takes a growing share of it
+    assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    for n, label in enumerate(("16", "256", "4096")):  # each value's trace is kept
+        assert load(tmp_path / f"scale-{n}-{label}.jsonl")["world_size"] == int(label)
+
+
+def test_a_world_sweep_needs_the_simulation(run):
+    res = run("whatif", "--sweep", "nnodes=16,64", "--", EXAMPLE)
+    assert res.rc == 2 and "nnodes with --simulate" in res.last_error
