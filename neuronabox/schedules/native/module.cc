@@ -96,8 +96,9 @@ bool two_ints(PyObject* const* args, Py_ssize_t n, int* a, int* b) {
   return !PyErr_Occurred();
 }
 
-PyObject* ring_real_sent(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
-  RingTimeline* tl = timeline_of(obj);
+// real_sent(rank, step, t) on any timeline: the parsing all three share.
+template <class T>
+PyObject* real_sent_on(T* tl, PyObject* const* args, Py_ssize_t n) {
   if (tl == nullptr) return nullptr;
   int rank, step;
   if (n != 3 || !two_ints(args, 2, &rank, &step)) {
@@ -108,6 +109,10 @@ PyObject* ring_real_sent(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
   if (PyErr_Occurred()) return nullptr;
   tl->real_sent(rank, step, t);
   Py_RETURN_NONE;
+}
+
+PyObject* ring_real_sent(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  return real_sent_on(timeline_of(obj), args, n);
 }
 
 template <double (RingTimeline::*Fn)(int, int)>
@@ -269,17 +274,7 @@ T* wrapped_of(PyObject* obj) {
 
 template <class T>
 PyObject* wrapped_real_sent(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
-  T* tl = wrapped_of<T>(obj);
-  if (tl == nullptr) return nullptr;
-  int rank, step;
-  if (n != 3 || !two_ints(args, 2, &rank, &step)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "real_sent(rank, step, t)");
-    return nullptr;
-  }
-  const double t = PyFloat_AsDouble(args[2]);
-  if (PyErr_Occurred()) return nullptr;
-  tl->real_sent(rank, step, t);
-  Py_RETURN_NONE;
+  return real_sent_on(wrapped_of<T>(obj), args, n);
 }
 
 template <class T, double (T::*Fn)(int, int)>
