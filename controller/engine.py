@@ -24,6 +24,7 @@ from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import Msg, RingReduce, Schedule, SendRef
 
 from .accounting import Accounting
+from .book import Book, Core, load_program, takes
 from .dialect import Data, Dialect, Event, SendReady, UnsupportedCollective
 from .groups import Conn, Group
 from .matching import FrameMatcher, Pair
@@ -88,6 +89,8 @@ class Instance:
         self.outq: defaultdict[Pair, deque[_PendingSend]] = defaultdict(deque)  # per pair, the real rank's order
         self.timeline = None
         self.predicted = 0.0
+        self.book: Book | None = None  # the native book, when it runs the instance
+        self.book_pairs: dict[Pair, int] = {}
 
     def _move(self, to: Phase) -> None:
         if to not in PHASE_MOVES[self.phase]:
@@ -112,6 +115,9 @@ class Instance:
             self.buffered.append((conn, ev))
             self.shape.note(conn, ev)
             self._try_resolve()
+            return
+        if self.book is not None:  # a frame read before the book took its pair's frames
+            self.book.on_event(self.book_pairs[(conn.real, conn.emu)], ev, self.engine.clock())
             return
         self._dispatch(conn, ev)
 
@@ -150,6 +156,11 @@ class Instance:
         if eng.timing is not None:
             self.timeline = eng.timing.timeline(self.kind, self.nbytes, sched, g.real, self.account.start)
             self.predicted = eng.timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
+        wants_input = self.payloads.wants_input(sched, g.real) and eng.request_input is not None
+        jitter = eng.timing is not None and eng.timing.whatif.has_jitter(self.kind)
+        if eng.native and takes(sched, wants_input, jitter):
+            self._install_book(sched)
+            return
         new = self._expect(sched.sends, sched.recvs)
         if self.payloads.wants_input(sched, g.real) and eng.request_input is not None:
             if eng.request_input(g.name, self.slot, g.global_rank(g.real.mirror)):
@@ -162,6 +173,41 @@ class Instance:
             self._dispatch(conn, ev)
         if self.account.done and self.phase is Phase.RUNNING:  # nothing crossed (else the last mark completed it)
             self._complete()
+
+    def _install_book(self, sched: Schedule) -> None:
+        """The native book runs the instance from here: every frame of its pairs goes to
+        it, from the pairs' reads, and it says when the last message crossed."""
+        g, eng = self.group, self.engine
+        self.book = book = Book(eng.core, self, self.name(), self.slot, self.timeline)
+        eng.booked += 1
+        self.book_pairs = load_program(book, sched, g.real)
+        self.account.expect(book.boundary)
+        for (r, e), i in self.book_pairs.items():
+            conn = eng.conn_of(g, r, e)
+            if conn is None:  # not connected yet: the book takes it when the pair opens
+                eng.unposted.setdefault((g.name, r, e), []).append(lambda c, i=i: book.connect(i, c))
+            else:
+                book.connect(i, conn)
+        buffered, self.buffered = self.buffered, []
+        for conn, ev in buffered:
+            self.book.on_event(self.book_pairs[(conn.real, conn.emu)], ev, eng.clock())
+        if book.remaining == 0 and self.phase is Phase.RUNNING:  # nothing crossed
+            self.book_done()
+
+    def book_done(self) -> None:
+        """The book's last message crossed (or it had none): the record takes its times."""
+        book = self.book
+        book.close()
+        times = self.account.rank_times
+        for r, (first, last) in book.rank_times().items():
+            t = times.setdefault(r, [first, last])
+            t[0], t[1] = min(t[0], first), last
+        self.account.remaining = 0
+        timing = self.engine.timing
+        if timing is not None:
+            for late in book.take_lateness():
+                timing.record_lateness(late)
+        self._complete()
 
     def _expect(self, sends, recvs) -> dict[Pair, list[Msg]]:
         new, n = self.match.expect(self.group.real, sends, recvs)
@@ -200,7 +246,9 @@ class Instance:
         for (r, e), msgs in expected.items():
             conn = self.engine.conn_of(self.group, r, e)
             if conn is None:  # not connected yet: posted when the pair opens
-                self.engine.unposted.setdefault((self.group.name, r, e), []).append((self, msgs))
+                self.engine.unposted.setdefault((self.group.name, r, e), []).append(
+                    lambda c, msgs=msgs: self.post(c, msgs)
+                )
                 continue
             self.post(conn, msgs)
 
@@ -316,11 +364,16 @@ class Instance:
         return rec
 
     def summary(self) -> str:
+        if self.book is not None:
+            return f"{self.name()}: {self.book.remaining} of {self.book.boundary} boundary messages left"
         return self.account.summary(self.name())
 
     def real_ranks_entered(self) -> dict[int, float]:
         """Global rank -> its last boundary time, for each real rank that entered (the watchdog)."""
-        return {self.group.global_rank(r): t[1] for r, t in self.account.rank_times.items()}
+        times = {r: t[1] for r, t in self.account.rank_times.items()}
+        if self.book is not None:
+            times.update((r, t[1]) for r, t in self.book.rank_times().items())
+        return {self.group.global_rank(r): t for r, t in times.items()}
 
 
 class Engine:
@@ -338,7 +391,14 @@ class Engine:
         data: str = "zeros",
         request_input: Callable[[str, int, int], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        native: bool = True,
+        native_timers: bool = False,
+        blocked: Callable[[Conn], None] | None = None,
     ) -> None:
+        """`native`: the native book runs the instances it takes (controller/book.py).
+        `native_timers`: its release timers wait in the native core, which the driver
+        runs (`core.next_deadline`, `core.run_due`), not through `call_at`; `blocked`
+        hears of a pair a native write could not finish."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -349,11 +409,19 @@ class Engine:
         self.timing = timing
         self.call_at = call_at
         self.conn_of = conn_of or (lambda group, real, emu: None)
-        self.unposted: dict[tuple[str, int, int], list[tuple[Instance, list[Msg]]]] = {}
+        self.unposted: dict[tuple[str, int, int], list[Callable[[Conn], None]]] = {}
         self.request_meta = request_meta
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
+        self.native = native
+        self.booked = 0  # instances the native book ran
+        self.core = Core(
+            done=Instance.book_done, emit=emit, blocked=blocked, call_at=None if native_timers else self._book_timer
+        )
+
+    def _book_timer(self, when: float, book: Book, pair: int) -> None:
+        self.call_at(when, lambda: book.due(pair, self.clock()))
 
     def on_event(self, conn: Conn, ev: Event) -> None:
         key = (conn.group.name, ev.slot)
@@ -376,8 +444,8 @@ class Engine:
 
     def on_connected(self, conn: Conn) -> None:
         """A pair opened: post the receives instances created before it could not."""
-        for inst, msgs in self.unposted.pop((conn.group.name, conn.real, conn.emu), ()):
-            inst.post(conn, msgs)
+        for post in self.unposted.pop((conn.group.name, conn.real, conn.emu), ()):
+            post(conn)
 
     def _resolving(self, group: str, slot: int) -> Instance | None:
         inst = self.instances.get((group, slot))

@@ -148,6 +148,9 @@ class Controller:
             call_at=driver.call_at,
             data=self.cfg.data,
             request_input=self._request_input if self.cfg.observer else None,
+            native=self.cfg.data_plane == "native",
+            native_timers=True,
+            blocked=driver.blocked,
         )
 
     def _on_record(self, rec: InstanceRecord) -> None:

@@ -20,6 +20,18 @@ from .outcomes import ProtocolError
 Pair = tuple[int, int]  # (real group rank, emulated group rank)
 
 
+def post_len(schedule: Schedule, m: Msg) -> int:
+    """The receive an emulated rank posts for real send `m`: its length, a whole
+    segment (chunk, for a reduce's gather) when only the wire tells the last one,
+    or -1 when only the real rank's notice tells it (pairwise messages)."""
+    geo = getattr(schedule, "geo", None)
+    if m.nbytes >= 0 or geo is None:
+        return m.nbytes
+    if isinstance(schedule, RingReduce) and m.step == schedule.gather_step:
+        return geo.per_rank * geo.segment_bytes
+    return geo.segment_bytes
+
+
 class FrameMatcher:
     def __init__(self, name: str, schedule: Schedule) -> None:
         self.name = name
@@ -82,15 +94,7 @@ class FrameMatcher:
         return self._check_len(conn, q.popleft(), length, "receives")
 
     def post_len(self, m: Msg) -> int:
-        """The receive an emulated rank posts for real send `m`: its length, a whole
-        segment (chunk, for a reduce's gather) when only the wire tells the last one,
-        or -1 when only the real rank's notice tells it (pairwise messages)."""
-        geo = getattr(self.schedule, "geo", None)
-        if m.nbytes >= 0 or geo is None:
-            return m.nbytes
-        if isinstance(self.schedule, RingReduce) and m.step == self.schedule.gather_step:
-            return geo.per_rank * geo.segment_bytes
-        return geo.segment_bytes
+        return post_len(self.schedule, m)
 
     def where(self, conn: Conn, what: str, step: int | None = None) -> str:
         at = "" if step is None else f" step {step}"

@@ -138,5 +138,8 @@ class WhatIf:
                 extra += rng.uniform(0.0, m.value)
         return extra
 
+    def has_jitter(self, kind: str) -> bool:
+        return any(m.what == "jitter" and m.applies(kind) for m in self.mods)
+
     def any(self) -> bool:
         return bool(self.mods)

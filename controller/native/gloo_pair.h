@@ -25,6 +25,7 @@
 
 #include "bytes.h"
 #include "outbox.h"
+#include "port.h"
 
 namespace nbx::gloo {
 
@@ -52,7 +53,8 @@ struct Event {
   std::shared_ptr<OwnedBytes> payload;  // kData only
 };
 
-class Pair {
+// The Gloo pair is the Port the collective book (book.h) commands.
+class Pair final : public Port {
  public:
   static constexpr size_t kScratchSize = 64 * 1024;
 
@@ -69,9 +71,9 @@ class Pair {
 
   // -- commands in, frames out ---------------------------------------------
   void send_ready(uint64_t slot, uint64_t length);
-  void recv_ready(uint64_t slot, uint64_t length);
+  void recv_ready(uint64_t slot, uint64_t length) override;
   void data(uint64_t slot, BytesRef payload);
-  void send(uint64_t slot, BytesRef payload);  // NOTIFY_SEND_READY and the data, as Gloo sends them
+  void send(uint64_t slot, BytesRef payload) override;  // NOTIFY_SEND_READY and the data, as Gloo sends them
   Outbox& outbox() { return outbox_; }
 
   // Bytes held for frames not yet complete (a partial header, a payload being received).

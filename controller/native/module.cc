@@ -3,9 +3,8 @@
 //
 // The event types and the error class are the dialect's own Python classes, handed in
 // once by `bind()`, so that the native and Python sides share one vocabulary.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstring>
@@ -13,9 +12,23 @@
 #include <vector>
 
 #include "gloo_pair.h"
+#include "pyglue.h"
+
+namespace nbx::py {
+
+PyObject* g_wire_error = nullptr;
+PyTypeObject* g_recv_ready = nullptr;
+PyTypeObject* g_send_ready = nullptr;
+PyTypeObject* g_data = nullptr;
+PyTypeObject PairType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+}  // namespace nbx::py
 
 namespace {
 
+using nbx::py::g_wire_error;
+using nbx::py::PairObject;
+using nbx::py::PairType;
 using nbx::Bytes;
 using nbx::BytesRef;
 using nbx::gloo::Event;
@@ -25,10 +38,9 @@ using nbx::gloo::WireError;
 
 constexpr size_t kReadBudget = 8u << 20;  // bytes one read() takes before the loop serves others
 
-PyObject* g_wire_error = nullptr;
-PyTypeObject* g_recv_ready = nullptr;
-PyTypeObject* g_send_ready = nullptr;
-PyTypeObject* g_data = nullptr;
+using nbx::py::g_data;
+using nbx::py::g_recv_ready;
+using nbx::py::g_send_ready;
 
 // -- Payload -------------------------------------------------------------------------
 struct PayloadObject {
@@ -38,12 +50,16 @@ struct PayloadObject {
 
 PyTypeObject PayloadType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyObject* payload_wrap(BytesRef ref) {
+}  // namespace
+
+PyObject* nbx::py::payload_wrap(BytesRef ref) {
   auto* self = PyObject_New(PayloadObject, &PayloadType);
   if (self == nullptr) return nullptr;
   new (&self->ref) BytesRef(std::move(ref));
   return reinterpret_cast<PyObject*>(self);
 }
+
+namespace {
 
 void payload_dealloc(PyObject* obj) {
   auto* self = reinterpret_cast<PayloadObject*>(obj);
@@ -96,7 +112,9 @@ class PyBufferBytes final : public Bytes {
   Py_buffer view_;
 };
 
-bool as_bytes_ref(PyObject* obj, BytesRef* out) {
+}  // namespace
+
+bool nbx::py::as_bytes_ref(PyObject* obj, BytesRef* out) {
   if (Py_TYPE(obj) == &PayloadType) {
     *out = reinterpret_cast<PayloadObject*>(obj)->ref;
     return true;
@@ -107,13 +125,17 @@ bool as_bytes_ref(PyObject* obj, BytesRef* out) {
   return true;
 }
 
-// -- GlooPair ------------------------------------------------------------------------
-struct PairObject {
-  PyObject_HEAD
-  Pair* pair;
-};
+namespace {
 
-PyTypeObject PairType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+using nbx::py::as_bytes_ref;
+using nbx::py::payload_wrap;
+
+// -- GlooPair ------------------------------------------------------------------------
+double monotonic_now() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // Python's time.monotonic()
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"max_payload", nullptr};
@@ -121,8 +143,10 @@ int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|K", const_cast<char**>(kw), &max_payload)) return -1;
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;
+  self->fd = -1;
+  if (self->routes == nullptr) self->routes = new (std::nothrow) std::vector<nbx::py::Route>();
   self->pair = new (std::nothrow) Pair(max_payload);
-  if (self->pair == nullptr) {
+  if (self->pair == nullptr || self->routes == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -132,6 +156,7 @@ int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
 void pair_dealloc(PyObject* obj) {
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;
+  delete self->routes;  // empty: a book holds its pairs while it routes them
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -165,7 +190,9 @@ PyObject* make_event(PyTypeObject* cls, PyObject* a, PyObject* b) {
   return ev;
 }
 
-PyObject* events_to_list(std::vector<Event>& events) {
+}  // namespace
+
+PyObject* nbx::py::events_to_list(std::vector<Event>& events) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(events.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < events.size(); ++i) {
@@ -191,6 +218,8 @@ PyObject* events_to_list(std::vector<Event>& events) {
   return list;
 }
 
+namespace {
+
 // Runs `body`, turning the core's exceptions into Python ones.
 template <typename F>
 PyObject* guarded(F&& body) {
@@ -204,15 +233,21 @@ PyObject* guarded(F&& body) {
   return nullptr;
 }
 
-PyObject* pair_receive(PyObject* obj, PyObject* arg) {
+PyObject* pair_receive(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<PairObject*>(obj);
   if (!ready(self)) return nullptr;
+  if (nargs < 1 || nargs > 2) {
+    PyErr_SetString(PyExc_TypeError, "expected (data[, now])");
+    return nullptr;
+  }
+  const double now = nargs == 2 ? PyFloat_AsDouble(args[1]) : monotonic_now();
+  if (PyErr_Occurred()) return nullptr;
   Py_buffer view;
-  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return nullptr;
+  if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) != 0) return nullptr;
   PyObject* result = guarded([&] {
     std::vector<Event> events;
     self->pair->feed(static_cast<const uint8_t*>(view.buf), static_cast<size_t>(view.len), events);
-    return events_to_list(events);
+    return nbx::py::dispatch(self, events, now);
   });
   PyBuffer_Release(&view);
   return result;
@@ -248,7 +283,7 @@ PyObject* pair_read(PyObject* obj, PyObject* arg) {
       if (static_cast<size_t>(n) < w.size || total >= kReadBudget) break;
     }
     if (closed && events.empty()) Py_RETURN_NONE;  // else the close shows on the next read
-    return events_to_list(events);
+    return nbx::py::dispatch(self, events, monotonic_now());
   });
 }
 
@@ -326,8 +361,11 @@ PyObject* pair_pending(PyObject* obj, void*) {
 }
 
 PyMethodDef pair_methods[] = {
-    {"receive", pair_receive, METH_O, "receive(data) -> [event]: bytes in, events out."},
-    {"read", pair_read, METH_O, "read(fd) -> [event] | None: receive from a non-blocking socket; None once it closed."},
+    {"receive", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pair_receive)), METH_FASTCALL,
+     "receive(data[, now]) -> [event]: bytes in, events out (those no routed book takes)."},
+    {"read", pair_read, METH_O,
+     "read(fd) -> [event] | None: receive from a non-blocking socket (events no routed book takes); None once it "
+     "closed."},
     {"flush", pair_flush, METH_O, "flush(fd) -> bool: write the queued frames; False while some wait for the socket."},
     {"take", pair_take, METH_NOARGS, "take() -> bytes: the queued frames, removed."},
     {"raw", pair_raw, METH_O, "raw(data): queue bytes that are not a frame (a dialer's sequence number)."},
@@ -348,7 +386,18 @@ PyObject* pair_buffered(PyObject* obj, void*) {
   return PyLong_FromSize_t(self->pair->buffered());
 }
 
+PyObject* pair_get_fd(PyObject* obj, void*) { return PyLong_FromLong(reinterpret_cast<PairObject*>(obj)->fd); }
+
+int pair_set_fd(PyObject* obj, PyObject* value, void*) {
+  const long fd = value == nullptr ? -1 : PyLong_AsLong(value);
+  if (fd == -1 && PyErr_Occurred()) return -1;
+  reinterpret_cast<PairObject*>(obj)->fd = static_cast<int>(fd);
+  return 0;
+}
+
 PyGetSetDef pair_getset[] = {
+    {"fd", pair_get_fd, pair_set_fd, "the pair's socket, written natively when a book sends on it (-1: none)",
+     nullptr},
     {"pending", pair_pending, nullptr, "bytes queued, not yet written", nullptr},
     {"buffered", pair_buffered, nullptr, "bytes held for incomplete incoming frames", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
@@ -450,7 +499,8 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&PayloadType);
   Py_INCREF(&PairType);
   if (PyModule_AddObject(m, "Payload", reinterpret_cast<PyObject*>(&PayloadType)) < 0 ||
-      PyModule_AddObject(m, "GlooPair", reinterpret_cast<PyObject*>(&PairType)) < 0) {
+      PyModule_AddObject(m, "GlooPair", reinterpret_cast<PyObject*>(&PairType)) < 0 ||
+      nbx::py::add_book_types(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -106,6 +106,7 @@ class GlooDriver:
         self.log: Callable[[str], None] = lambda what: print(what, file=sys.stderr, flush=True)
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
+        self.core = getattr(self.engine, "core", None)  # the native books' timers, run from this loop
         self.running = True
         self.error: BaseException | None = None
         self.on_open: Callable[[Conn], None] | None = None
@@ -148,9 +149,13 @@ class GlooDriver:
             heapq.heappop(timers)[2]()
 
     def _timeout(self) -> float:
-        if not self._timers:
+        first = self._timers[0][0] if self._timers else None
+        native = self.core.next_deadline() if self.core is not None else None
+        if native is not None and (first is None or native < first):
+            first = native
+        if first is None:
             return 0.5
-        wait = self._timers[0][0] - time.monotonic()
+        wait = first - time.monotonic()
         return min(0.5, wait - SPIN_S) if wait > SPIN_S else 0.0
 
     # -- pairs --------------------------------------------------------------------
@@ -160,11 +165,20 @@ class GlooDriver:
         s.setblocking(False)
         entry = _Sock(s, conn)
         self.socks[conn] = entry
+        conn.pair.fd = entry.fd  # a native book writes it directly
         self.sel.register(s, Poller.READ, entry)
         conn.pair.raw(SEQ.pack(seq))
         self.write(conn)
         if self.on_open:
             self.on_open(conn)
+
+    def blocked(self, conn: Conn) -> None:
+        """A native write left `conn`'s frames queued: write the rest when the socket can
+        take them (or see it gone)."""
+        entry = self.socks.get(conn)
+        if entry is not None and not entry.want_write:
+            entry.want_write = True
+            self.sel.modify(entry.sock, Poller.READ | Poller.WRITE, entry)
 
     def expect(self, seq: int, conn: Conn) -> None:
         """A real rank dials in for `conn`, writing `seq` (loop thread)."""
@@ -221,6 +235,7 @@ class GlooDriver:
         entry.sock.close()
         if entry.conn is not None and self.socks.get(entry.conn) is entry:
             del self.socks[entry.conn]
+            entry.conn.pair.fd = -1
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -241,6 +256,8 @@ class GlooDriver:
                 self._drain_calls()
                 if self._timers:
                     self._run_timers()
+                if self.core is not None:
+                    self.core.run_due(time.monotonic())
                 if self._dirty:
                     self._flush_dirty()
                 now = time.monotonic()
@@ -356,6 +373,7 @@ class GlooDriver:
         self._taken.add(seq)
         entry.conn = conn
         self.socks[conn] = entry
+        conn.pair.fd = entry.fd
         self.sel.modify(entry.sock, Poller.READ, entry)
         if self.on_open:
             self.on_open(conn)

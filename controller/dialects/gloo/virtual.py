@@ -115,6 +115,7 @@ class VirtualRun:
         real: list[int],
         timing: ReleaseTiming | None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
+        native: bool = True,
     ) -> None:
         if len(real) != 1:
             raise NotImplementedError("the virtual driver plays one real rank per group for now")
@@ -134,6 +135,7 @@ class VirtualRun:
             timing=timing,
             call_at=self.loop.call_at,
             clock=lambda: self.loop.now,
+            native=native,
         )
         self._tag = itertools.count()
 
@@ -172,7 +174,7 @@ class VirtualRun:
     def _say(self, peer: int) -> None:
         """The simulated rank's queued frames to `peer` reach the engine."""
         conn = self.conns[peer]
-        for ev in conn.pair.receive(self.mirrors[peer].take()):
+        for ev in conn.pair.receive(self.mirrors[peer].take(), self.loop.now):  # a book takes its own
             self.engine.on_event(conn, ev)
 
     # -- the simulated rank's side ------------------------------------------------------

@@ -1,0 +1,246 @@
+#include "book.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace nbx {
+
+namespace {
+
+// calloc'd once per size it grows to: the kernel maps a large one to the shared zero
+// page, so sending from it costs no memory.
+class ZeroBlock {
+ public:
+  explicit ZeroBlock(size_t n) : p_(static_cast<uint8_t*>(std::calloc(n ? n : 1, 1))), n_(n) {
+    if (p_ == nullptr) throw std::bad_alloc();
+  }
+  ~ZeroBlock() { std::free(p_); }
+  ZeroBlock(const ZeroBlock&) = delete;
+  ZeroBlock& operator=(const ZeroBlock&) = delete;
+  const uint8_t* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  uint8_t* p_;
+  size_t n_;
+};
+
+class ZeroBytes final : public Bytes {
+ public:
+  ZeroBytes(std::shared_ptr<ZeroBlock> block, size_t n) : block_(std::move(block)), n_(n) {}
+  const uint8_t* data() const override { return block_->data(); }
+  size_t size() const override { return n_; }
+
+ private:
+  std::shared_ptr<ZeroBlock> block_;
+  size_t n_;
+};
+
+class JoinedBytes final : public Bytes {
+ public:
+  explicit JoinedBytes(std::vector<uint8_t> b) : b_(std::move(b)) {}
+  const uint8_t* data() const override { return b_.data(); }
+  size_t size() const override { return b_.size(); }
+
+ private:
+  std::vector<uint8_t> b_;
+};
+
+}  // namespace
+
+BytesRef zeros(size_t n) {
+  static std::shared_ptr<ZeroBlock> block;
+  if (!block || block->size() < n) block = std::make_shared<ZeroBlock>(std::max(n, size_t{1} << 20));
+  return std::make_shared<ZeroBytes>(block, n);
+}
+
+Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock)
+    : name_(std::move(name)), slot_(slot), clock_(std::move(clock)) {}
+
+size_t Book::add_pair(int64_t real, int64_t emu) {
+  pairs_.emplace_back(real, emu);
+  return pairs_.size() - 1;
+}
+
+void Book::expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len) {
+  PairBook& p = pairs_.at(pair);
+  p.sends.push_back(Expected{step, nbytes, limit, post_len});
+  p.last_send = step;
+  ++boundary_;
+  ++remaining_;
+}
+
+void Book::expect_real_recv(size_t pair, int64_t step, int64_t nbytes, int64_t limit, std::vector<SendRef> deps,
+                            std::vector<SendRef> content) {
+  PairBook& p = pairs_.at(pair);
+  p.recvs.push_back(Expected{step, nbytes, limit, -1});
+  p.recv_deps.push_back(std::move(deps));
+  p.recv_content.push_back(std::move(content));
+  p.last_recv = step;
+  ++boundary_;
+  ++remaining_;
+}
+
+void Book::connect(size_t pair, Port* port, Actions& out) {
+  PairBook& p = pairs_.at(pair);
+  p.port = port;
+  bool posted = false;
+  for (const Expected& m : p.sends) {  // every receive the real rank will send into, at once
+    if (m.post_len >= 0) {
+      port->recv_ready(slot_, static_cast<uint64_t>(m.post_len));
+      posted = true;
+    }
+  }
+  if (posted) out.dirty.push_back(pair);
+}
+
+std::string Book::where(const PairBook& p, const std::string& what, int64_t step) const {
+  std::string at = step >= 0 ? " step " + std::to_string(step) : "";
+  return name_ + " rank pair " + std::to_string(p.real) + "<->" + std::to_string(p.emu) + at + ": " + what;
+}
+
+void Book::unexpected(const PairBook& p, const char* frame, uint64_t length, bool send) const {
+  const int64_t last = send ? p.last_send : p.last_recv;
+  std::string after = last >= 0 ? "after its last (step " + std::to_string(last) + ")" : "none at all with this peer";
+  throw ProtocolFault(where(p, std::string("unexpected ") + frame + " of " + std::to_string(length) +
+                                   " bytes: the schedule has no " + (send ? "send" : "recv") + " here, " + after));
+}
+
+int64_t Book::check_len(const PairBook& p, const Expected& m, uint64_t length, const char* verb) const {
+  const auto n = static_cast<int64_t>(length);
+  if (m.nbytes < 0) {  // a length the wire tells (a ring's last segment, pairwise messages)
+    if (m.limit >= 0 && m.limit < n) {
+      throw ProtocolFault(where(p, std::to_string(n) + " bytes exceed the " + std::to_string(m.limit) + " posted", m.step));
+    }
+    return n;
+  }
+  if (n != m.nbytes) {
+    throw ProtocolFault(where(p, std::string("real rank ") + verb + " " + std::to_string(n) +
+                                     " bytes, schedule expects " + std::to_string(m.nbytes), m.step));
+  }
+  return n;
+}
+
+void Book::enter(int64_t real, double now) { rank_times_.try_emplace(real, now, now); }
+
+void Book::crossed(int64_t real, double now, Actions& out) {
+  rank_times_[real].second = now;
+  if (--remaining_ == 0) {
+    done_at_ = now;
+    out.complete = true;
+  }
+}
+
+void Book::on_send_ready(size_t pair, uint64_t length, double now, Actions& out) {
+  PairBook& p = pairs_.at(pair);
+  enter(p.real, now);
+  if (p.sends.empty()) unexpected(p, "NOTIFY_SEND_READY", length, true);
+  Expected posted = p.sends.front();
+  p.sends.pop_front();
+  const int64_t n = check_len(p, posted, length, "sends");
+  p.data.push_back(Expected{posted.step, n, posted.limit, posted.post_len});
+  if (posted.nbytes < 0 && posted.post_len < 0) {  // its receive waited for this notice
+    p.port->recv_ready(slot_, static_cast<uint64_t>(n));
+    out.dirty.push_back(pair);
+  }
+}
+
+void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
+  PairBook& p = pairs_.at(pair);
+  enter(p.real, now);
+  if (p.data.empty()) throw ProtocolFault(where(p, "data without a matching send notice"));
+  const Expected m = p.data.front();
+  p.data.pop_front();
+  const auto n = static_cast<int64_t>(payload->size());
+  if (n != m.nbytes) {
+    throw ProtocolFault(where(p, std::to_string(n) + " data bytes, schedule expects " + std::to_string(m.nbytes), m.step));
+  }
+  const SendRef ref{p.real, m.step};
+  received_[ref.key()] = std::move(payload);
+  if (clock_) clock_->real_sent(p.real, m.step, now);
+  crossed(p.real, now, out);
+  auto it = waiting_.find(ref.key());
+  if (it == waiting_.end()) return;
+  std::vector<PendingSend*> fed = std::move(it->second);
+  waiting_.erase(it);
+  for (PendingSend* s : fed) {
+    if (--s->missing == 0) flush(s->pair, now, out);
+  }
+}
+
+void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out) {
+  PairBook& p = pairs_.at(pair);
+  enter(p.real, now);
+  if (p.recvs.empty()) unexpected(p, "NOTIFY_RECV_READY", length, false);
+  const Expected m = p.recvs.front();
+  const int64_t n = check_len(p, m, length, "receives");
+  p.recvs.pop_front();
+  auto s = std::make_unique<PendingSend>();
+  s->pair = pair;
+  s->step = m.step;
+  s->nbytes = n;
+  s->content = std::move(p.recv_content.front());
+  p.recv_content.pop_front();
+  for (const SendRef& dep : p.recv_deps.front()) {
+    if (received_.count(dep.key()) == 0) {
+      ++s->missing;
+      waiting_[dep.key()].push_back(s.get());
+    }
+  }
+  p.recv_deps.pop_front();
+  const bool ready = s->missing == 0;
+  p.outq.push_back(std::move(s));
+  if (ready) flush(pair, now, out);
+}
+
+void Book::due(size_t pair, double now, Actions& out) { flush(pair, now, out); }
+
+void Book::flush(size_t pair, double now, Actions& out) {
+  PairBook& p = pairs_[pair];
+  while (!p.outq.empty() && p.outq.front()->missing == 0) {
+    PendingSend& s = *p.outq.front();
+    if (clock_) {
+      if (!s.priced) {
+        s.release = clock_->release(p.emu, s.step);
+        s.priced = true;
+      }
+      if (s.release > now) {
+        if (!s.timed) {
+          s.timed = true;
+          out.timers.emplace_back(s.release, pair);
+        }
+        return;
+      }
+      if (s.timed) lateness_.push_back(now - s.release);
+    }
+    send(s, now, out);
+    p.outq.pop_front();
+  }
+}
+
+BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) const {
+  if (content.empty()) return zeros(static_cast<size_t>(n));
+  if (content.size() == 1) return received_.at(content[0].key());
+  std::vector<uint8_t> joined;  // several real sends, concatenated (a reduce's chunk)
+  for (const SendRef& ref : content) {
+    const BytesRef& b = received_.at(ref.key());
+    joined.insert(joined.end(), b->data(), b->data() + b->size());
+  }
+  return std::make_shared<JoinedBytes>(std::move(joined));
+}
+
+void Book::send(PendingSend& s, double now, Actions& out) {
+  PairBook& p = pairs_[s.pair];
+  BytesRef payload = bytes_of(s.content, s.nbytes);
+  if (static_cast<int64_t>(payload->size()) != s.nbytes) {
+    throw ProtocolFault(where(p, "forwarded " + std::to_string(payload->size()) + " bytes into a " +
+                                     std::to_string(s.nbytes) + "-byte receive", s.step));
+  }
+  p.port->send(slot_, std::move(payload));
+  out.dirty.push_back(s.pair);
+  crossed(p.real, now, out);
+}
+
+}  // namespace nbx

@@ -1,0 +1,143 @@
+// The boundary bookkeeping of one collective instance, as a sans-IO machine.
+//
+// A collective's schedule says, for every (real, emulated) pair, which messages cross
+// the boundary and in which order; the book holds that program and follows it:
+//   - frame matching: each notice and payload of a real rank against the message its
+//     schedule has next on that pair (FIFO per pair, as the library matches);
+//   - dependencies: an emulated rank's send waits for the real sends it builds on
+//     (the bitmap of what crossed: `received_`);
+//   - the FIFO of ready sends per pair, in the order the real rank posted its
+//     receives, each held until its release time;
+//   - accounting: what is left to cross, each real rank's first and last time.
+// Time comes in as an argument; frames go out through each pair's Port, and the
+// timers and flushes it needs go out as Actions for its driver. It knows no
+// library's frames (port.h) and no delay model: release times come from a
+// ReleaseClock, asked once per emulated message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "bytes.h"
+#include "port.h"
+
+namespace nbx {
+
+// A frame the schedule does not have: the message names the instance, the pair and the step.
+class ProtocolFault : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A real rank's send: (group rank, step).
+struct SendRef {
+  int64_t rank;
+  int64_t step;
+  uint64_t key() const { return (static_cast<uint64_t>(rank) << 32) ^ static_cast<uint32_t>(step); }
+};
+
+// When each emulated message may leave (the schedules' timing model, priced by the
+// delay model): asked once per message; told when each real send crossed.
+class ReleaseClock {
+ public:
+  virtual ~ReleaseClock() = default;
+  virtual double release(int64_t emu, int64_t step) = 0;
+  virtual void real_sent(int64_t real, int64_t step, double t) = 0;
+};
+
+// What one call asks of its driver.
+struct Actions {
+  std::vector<std::pair<double, size_t>> timers;  // (when, pair): call due(pair, t) then
+  std::vector<size_t> dirty;                      // pairs with frames queued
+  bool complete = false;                          // every boundary message crossed
+};
+
+class Book {
+ public:
+  Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock);
+
+  // -- the program (before the first event) ---------------------------------------
+  size_t add_pair(int64_t real, int64_t emu);
+  // The real rank sends `nbytes` (< 0: the wire tells, at most `limit`) at `step`;
+  // the emulated side posts a receive of `post_len` (< 0: when the notice tells).
+  void expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len);
+  // The real rank receives from the emulated peer at `step`; the peer's send waits for
+  // `deps` and carries the bytes of `content` concatenated (none: zeros).
+  void expect_real_recv(size_t pair, int64_t step, int64_t nbytes, int64_t limit, std::vector<SendRef> deps,
+                        std::vector<SendRef> content);
+  // The pair's connection is open: its receives are posted now.
+  void connect(size_t pair, Port* port, Actions& out);
+
+  // -- events -----------------------------------------------------------------------
+  void on_send_ready(size_t pair, uint64_t length, double now, Actions& out);
+  void on_data(size_t pair, BytesRef payload, double now, Actions& out);
+  void on_recv_ready(size_t pair, uint64_t length, double now, Actions& out);
+  void due(size_t pair, double now, Actions& out);  // a timer asked for by `out.timers` fired
+
+  // -- state --------------------------------------------------------------------------
+  uint64_t slot() const { return slot_; }
+  size_t pairs() const { return pairs_.size(); }
+  int64_t real_of(size_t pair) const { return pairs_[pair].real; }
+  int64_t emu_of(size_t pair) const { return pairs_[pair].emu; }
+  int64_t boundary() const { return boundary_; }
+  int64_t remaining() const { return remaining_; }
+  bool done() const { return remaining_ == 0; }
+  double done_at() const { return done_at_; }
+  // Real rank -> (first frame, last message crossed).
+  const std::unordered_map<int64_t, std::pair<double, double>>& rank_times() const { return rank_times_; }
+  std::vector<double> take_lateness() { return std::move(lateness_); }
+
+ private:
+  struct Expected {
+    int64_t step, nbytes, limit, post_len;
+  };
+  struct PendingSend {
+    size_t pair;
+    int64_t step, nbytes;
+    std::vector<SendRef> content;
+    int missing = 0;
+    bool timed = false, priced = false;
+    double release = 0.0;
+  };
+  struct PairBook {
+    PairBook(int64_t r, int64_t e) : real(r), emu(e) {}
+    int64_t real, emu;
+    Port* port = nullptr;
+    std::deque<Expected> sends, data, recvs;      // the real rank's, still to come
+    std::deque<std::vector<SendRef>> recv_deps, recv_content;  // beside `recvs`
+    int64_t last_send = -1, last_recv = -1;       // steps, for the error text
+    std::deque<std::unique_ptr<PendingSend>> outq;  // the emulated sends, in posting order
+  };
+
+  std::string where(const PairBook& p, const std::string& what, int64_t step = -1) const;
+  [[noreturn]] void unexpected(const PairBook& p, const char* frame, uint64_t length, bool send) const;
+  int64_t check_len(const PairBook& p, const Expected& m, uint64_t length, const char* verb) const;
+  void enter(int64_t real, double now);
+  void crossed(int64_t real, double now, Actions& out);
+  void flush(size_t pair, double now, Actions& out);
+  void send(PendingSend& p, double now, Actions& out);
+  BytesRef bytes_of(const std::vector<SendRef>& content, int64_t n) const;
+
+  std::string name_;
+  uint64_t slot_;
+  std::shared_ptr<ReleaseClock> clock_;
+  std::deque<PairBook> pairs_;  // a deque: a PairBook never moves
+  std::unordered_map<uint64_t, BytesRef> received_;                  // what crossed, by SendRef
+  std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
+  std::unordered_map<int64_t, std::pair<double, double>> rank_times_;
+  std::vector<double> lateness_;
+  int64_t boundary_ = 0, remaining_ = 0;
+  double done_at_ = 0.0;
+};
+
+// Zeros of any length, from one shared block (an emulated rank's own contribution).
+BytesRef zeros(size_t n);
+
+}  // namespace nbx

@@ -1,0 +1,610 @@
+// Python bindings of the collective book (book.h): `Book`, one instance's boundary
+// bookkeeping, and `Core`, the host its actions go to.
+//
+// Once a book is connected to its pairs, the pairs' reads hand it their frames
+// natively (`dispatch`): a ring step's notices and payloads are matched, the sends
+// they free are priced and queued, and the pair's socket is written, with no Python
+// in between. The Core runs the release timers natively for a live run, or hands them
+// to a Python `call_at` (the virtual-time driver); frames for a pair with no socket,
+// writes the socket could not take whole, and finished instances go to Python hooks.
+#include <algorithm>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "book.h"
+#include "pyglue.h"
+
+namespace nbx::py {
+namespace {
+
+PyObject* g_protocol_error = nullptr;
+
+// The instance's timeline (the schedules' timing model), asked through its Python
+// methods: native timelines answer those in C++, and a release is asked once per message.
+class PyClock final : public ReleaseClock {
+ public:
+  explicit PyClock(PyObject* timeline) : tl_(timeline) { Py_INCREF(tl_); }
+  ~PyClock() override { Py_DECREF(tl_); }  // books are freed with the GIL held
+  PyClock(const PyClock&) = delete;
+  PyClock& operator=(const PyClock&) = delete;
+
+  double release(int64_t emu, int64_t step) override {
+    PyObject* r = PyObject_CallMethod(tl_, "release", "LL", static_cast<long long>(emu), static_cast<long long>(step));
+    if (r == nullptr) throw PyErrorSet();
+    const double t = PyFloat_AsDouble(r);
+    Py_DECREF(r);
+    if (t == -1.0 && PyErr_Occurred()) throw PyErrorSet();
+    return t;
+  }
+
+  void real_sent(int64_t real, int64_t step, double t) override {
+    PyObject* r = PyObject_CallMethod(tl_, "real_sent", "LLd", static_cast<long long>(real),
+                                      static_cast<long long>(step), t);
+    if (r == nullptr) throw PyErrorSet();
+    Py_DECREF(r);
+  }
+
+ private:
+  PyObject* tl_;
+};
+
+struct Timer {
+  double at;
+  uint64_t seq;
+  PyObject* book;  // strong
+  size_t pair;
+  bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+};
+
+struct CoreObject {
+  PyObject_HEAD
+  std::vector<Timer>* heap;  // a min-heap (std::greater)
+  uint64_t seq;
+  PyObject* done;     // done(owner): every boundary message of the owner's instance crossed
+  PyObject* emit;     // emit(conn): frames queued on a pair with no socket
+  PyObject* blocked;  // blocked(conn) or None: a native write left frames queued
+  PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (run_due)
+};
+
+struct BookObject {
+  PyObject_HEAD
+  Book* book;
+  CoreObject* core;                 // strong
+  PyObject* owner;                  // strong until done
+  std::vector<PyObject*>* conns;    // strong, by pair index
+  std::vector<PairObject*>* pairs;  // strong (each conn's pair), by pair index
+  bool routed;
+  bool finished;
+};
+
+PyTypeObject CoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject BookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// -- Core ------------------------------------------------------------------------------
+int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"done", "emit", "blocked", "call_at", nullptr};
+  PyObject *done, *emit, *blocked = Py_None, *call_at = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO", const_cast<char**>(kw), &done, &emit, &blocked, &call_at)) {
+    return -1;
+  }
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  if (self->heap == nullptr) self->heap = new (std::nothrow) std::vector<Timer>();
+  if (self->heap == nullptr) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (PyObject** slot : {&self->done, &self->emit, &self->blocked, &self->call_at}) Py_CLEAR(*slot);
+  Py_INCREF(done);
+  Py_INCREF(emit);
+  Py_INCREF(blocked);
+  Py_INCREF(call_at);
+  self->done = done;
+  self->emit = emit;
+  self->blocked = blocked;
+  self->call_at = call_at;
+  return 0;
+}
+
+void core_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  if (self->heap != nullptr) {
+    for (Timer& t : *self->heap) Py_DECREF(t.book);
+    delete self->heap;
+  }
+  for (PyObject** slot : {&self->done, &self->emit, &self->blocked, &self->call_at}) Py_CLEAR(*slot);
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+bool call1(PyObject* fn, PyObject* arg) {
+  PyObject* r = PyObject_CallOneArg(fn, arg);
+  Py_XDECREF(r);
+  return r != nullptr;
+}
+
+// Carries out what a book call asked for: timers, writes, completion. False: a Python error is set.
+bool apply(BookObject* b, Actions& a) {
+  CoreObject* core = b->core;
+  for (const auto& [when, pair] : a.timers) {
+    if (core->call_at != Py_None) {
+      PyObject* r = PyObject_CallFunction(core->call_at, "dOn", when, reinterpret_cast<PyObject*>(b),
+                                          static_cast<Py_ssize_t>(pair));
+      if (r == nullptr) return false;
+      Py_DECREF(r);
+    } else {
+      Py_INCREF(b);
+      core->heap->push_back(Timer{when, core->seq++, reinterpret_cast<PyObject*>(b), pair});
+      std::push_heap(core->heap->begin(), core->heap->end(), std::greater<Timer>());
+    }
+  }
+  std::vector<size_t>& dirty = a.dirty;
+  if (dirty.size() > 1) {
+    std::sort(dirty.begin(), dirty.end());
+    dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
+  }
+  for (size_t i : dirty) {
+    PairObject* po = (*b->pairs)[i];
+    PyObject* conn = (*b->conns)[i];
+    if (po == nullptr) {
+      PyErr_Format(PyExc_RuntimeError, "the book wrote to pair %zu before its connection opened", i);
+      return false;
+    }
+    if (po->fd < 0) {
+      if (!call1(core->emit, conn)) return false;
+      continue;
+    }
+    int err = 0;
+    if (po->pair->outbox().flush(po->fd, &err) != FlushResult::kDone && core->blocked != Py_None) {
+      if (!call1(core->blocked, conn)) return false;  // the driver waits for the socket (or sees it gone)
+    }
+  }
+  if (a.complete && !b->finished) {
+    b->finished = true;
+    PyObject* owner = b->owner;
+    b->owner = nullptr;
+    const bool ok = call1(core->done, owner);
+    Py_DECREF(owner);
+    return ok;
+  }
+  return true;
+}
+
+// Runs a book call and applies its actions, turning the book's faults into Python errors.
+template <typename F>
+bool run_book(BookObject* b, F&& body) {
+  Actions a;
+  try {
+    body(a);
+  } catch (const ProtocolFault& e) {
+    PyErr_SetString(g_protocol_error, e.what());
+    return false;
+  } catch (const PyErrorSet&) {
+    return false;
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return false;
+  } catch (const std::out_of_range&) {
+    PyErr_SetString(PyExc_IndexError, "no such pair in the book");
+    return false;
+  }
+  return apply(b, a);
+}
+
+PyObject* core_next_deadline(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  if (self->heap == nullptr || self->heap->empty()) Py_RETURN_NONE;
+  return PyFloat_FromDouble(self->heap->front().at);
+}
+
+PyObject* core_run_due(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const double now = PyFloat_AsDouble(arg);
+  if (now == -1.0 && PyErr_Occurred()) return nullptr;
+  long ran = 0;
+  while (self->heap != nullptr && !self->heap->empty() && self->heap->front().at <= now) {
+    std::pop_heap(self->heap->begin(), self->heap->end(), std::greater<Timer>());
+    Timer t = self->heap->back();
+    self->heap->pop_back();
+    auto* b = reinterpret_cast<BookObject*>(t.book);
+    const bool ok = b->finished || run_book(b, [&](Actions& a) { b->book->due(t.pair, now, a); });
+    Py_DECREF(t.book);
+    if (!ok) return nullptr;
+    ++ran;
+  }
+  return PyLong_FromLong(ran);
+}
+
+PyMethodDef core_methods[] = {
+    {"next_deadline", core_next_deadline, METH_NOARGS, "next_deadline() -> float | None: the earliest native timer."},
+    {"run_due", core_run_due, METH_O, "run_due(now) -> int: run the native timers due by `now`."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+// -- Book ------------------------------------------------------------------------------
+int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"core", "owner", "name", "slot", "timeline", nullptr};
+  PyObject *core, *owner, *timeline;
+  const char* name;
+  unsigned long long slot;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OsKO", const_cast<char**>(kw), &CoreType, &core, &owner, &name,
+                                   &slot, &timeline)) {
+    return -1;
+  }
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (self->book != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "a Book is initialized once");
+    return -1;
+  }
+  try {
+    std::shared_ptr<ReleaseClock> clock;
+    if (timeline != Py_None) clock = std::make_shared<PyClock>(timeline);
+    self->book = new Book(name, slot, std::move(clock));
+    self->conns = new std::vector<PyObject*>();
+    self->pairs = new std::vector<PairObject*>();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  Py_INCREF(core);
+  Py_INCREF(owner);
+  self->core = reinterpret_cast<CoreObject*>(core);
+  self->owner = owner;
+  return 0;
+}
+
+void unroute(BookObject* self) {
+  if (!self->routed || self->pairs == nullptr) return;
+  for (PairObject* po : *self->pairs) {
+    if (po == nullptr) continue;
+    auto& r = *po->routes;
+    r.erase(std::remove_if(r.begin(), r.end(), [&](const Route& x) { return x.book == reinterpret_cast<PyObject*>(self); }),
+            r.end());
+  }
+  self->routed = false;
+}
+
+void book_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  unroute(self);
+  delete self->book;
+  if (self->conns != nullptr) {
+    for (PyObject* c : *self->conns) Py_XDECREF(c);
+    delete self->conns;
+  }
+  if (self->pairs != nullptr) {
+    for (PairObject* p : *self->pairs) Py_XDECREF(reinterpret_cast<PyObject*>(p));
+    delete self->pairs;
+  }
+  Py_CLEAR(self->owner);
+  Py_XDECREF(reinterpret_cast<PyObject*>(self->core));
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+bool book_ready(BookObject* self) {
+  if (self->book == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Book.__init__ was not called");
+    return false;
+  }
+  if (g_protocol_error == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "neuronabox.controller._native.bind_book() was not called");
+    return false;
+  }
+  return true;
+}
+
+PyObject* book_add_pair(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  long long real, emu;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "LL", &real, &emu)) return nullptr;
+  self->conns->push_back(nullptr);  // until the pair's connection opens (connect)
+  self->pairs->push_back(nullptr);
+  return PyLong_FromSize_t(self->book->add_pair(real, emu));
+}
+
+bool parse_refs(PyObject* seq, std::vector<SendRef>* out) {
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of (rank, step)");
+  if (fast == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out->reserve(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long long rank, step;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "LL", &rank, &step)) {
+      Py_DECREF(fast);
+      return false;
+    }
+    out->push_back(SendRef{rank, step});
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+bool valid_pair(BookObject* self, Py_ssize_t i) {
+  if (i < 0 || static_cast<size_t>(i) >= self->book->pairs()) {
+    PyErr_Format(PyExc_IndexError, "no pair %zd in the book", i);
+    return false;
+  }
+  return true;
+}
+
+PyObject* book_expect_send(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  Py_ssize_t i;
+  long long step, nbytes, limit, post_len;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "nLLLL", &i, &step, &nbytes, &limit, &post_len)) return nullptr;
+  if (!valid_pair(self, i)) return nullptr;
+  self->book->expect_real_send(static_cast<size_t>(i), step, nbytes, limit, post_len);
+  Py_RETURN_NONE;
+}
+
+PyObject* book_expect_recv(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  Py_ssize_t i;
+  long long step, nbytes, limit;
+  PyObject *deps_obj, *content_obj;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "nLLLOO", &i, &step, &nbytes, &limit, &deps_obj, &content_obj)) {
+    return nullptr;
+  }
+  if (!valid_pair(self, i)) return nullptr;
+  std::vector<SendRef> deps, content;
+  if (!parse_refs(deps_obj, &deps) || !parse_refs(content_obj, &content)) return nullptr;
+  self->book->expect_real_recv(static_cast<size_t>(i), step, nbytes, limit, std::move(deps), std::move(content));
+  Py_RETURN_NONE;
+}
+
+PyObject* book_connect(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  Py_ssize_t i;
+  PyObject* conn;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "nO", &i, &conn) || !valid_pair(self, i)) return nullptr;
+  const auto k = static_cast<size_t>(i);
+  if ((*self->conns)[k] != nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "pair %zd of the book is connected already", i);
+    return nullptr;
+  }
+  if (self->finished) Py_RETURN_NONE;
+  PyObject* pair = PyObject_GetAttrString(conn, "pair");
+  if (pair == nullptr) return nullptr;
+  if (!PyObject_TypeCheck(pair, &PairType)) {
+    Py_DECREF(pair);
+    PyErr_SetString(PyExc_TypeError, "a book's connection must carry a native pair (conn.pair)");
+    return nullptr;
+  }
+  Py_INCREF(conn);
+  (*self->conns)[k] = conn;
+  auto* po = reinterpret_cast<PairObject*>(pair);  // the reference GetAttr gave
+  (*self->pairs)[k] = po;
+  po->routes->push_back(Route{self->book->slot(), obj, k});
+  self->routed = true;
+  Py_INCREF(obj);  // the book's own hooks may drop the last other reference
+  const bool ok = run_book(self, [&](Actions& a) { self->book->connect(k, po->pair, a); });
+  Py_DECREF(obj);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+// One frame's event, whichever side read it.
+struct Frame {
+  gloo::EventKind kind;
+  uint64_t slot;
+  uint64_t length;
+  BytesRef payload;  // kData only
+};
+
+// One event for pair `i`: from the dialect's Python event, or natively from `dispatch`.
+bool feed(BookObject* self, size_t i, Frame& ev, double now) {
+  if (self->finished) {
+    PyErr_Format(g_protocol_error, "a frame on slot %llu after its collective completed",
+                 static_cast<unsigned long long>(ev.slot));
+    return false;
+  }
+  Py_INCREF(self);
+  const bool ok = run_book(self, [&](Actions& a) {
+    switch (ev.kind) {
+      case gloo::EventKind::kRecvReady:
+        self->book->on_recv_ready(i, ev.length, now, a);
+        break;
+      case gloo::EventKind::kSendReady:
+        self->book->on_send_ready(i, ev.length, now, a);
+        break;
+      default:
+        self->book->on_data(i, std::move(ev.payload), now, a);
+    }
+  });
+  Py_DECREF(self);
+  return ok;
+}
+
+// A Python event (the dialect's NamedTuple) as a Frame.
+bool to_frame(PyObject* ev, Frame* out) {
+  if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 2) {
+    PyErr_SetString(PyExc_TypeError, "expected a dialect event");
+    return false;
+  }
+  out->slot = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ev, 0));
+  if (PyErr_Occurred()) return false;
+  PyTypeObject* t = Py_TYPE(ev);
+  if (t == g_data) {
+    out->kind = gloo::EventKind::kData;
+    if (!as_bytes_ref(PyTuple_GET_ITEM(ev, 1), &out->payload)) return false;
+    out->length = out->payload->size();
+    return true;
+  }
+  if (t != g_recv_ready && t != g_send_ready) {
+    PyErr_SetString(PyExc_TypeError, "expected RecvReady, SendReady or Data");
+    return false;
+  }
+  out->kind = t == g_recv_ready ? gloo::EventKind::kRecvReady : gloo::EventKind::kSendReady;
+  out->length = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ev, 1));
+  return !PyErr_Occurred();
+}
+
+PyObject* book_on_event(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  Py_ssize_t i;
+  PyObject* ev;
+  double now;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "nOd", &i, &ev, &now) || !valid_pair(self, i)) return nullptr;
+  Frame f{};
+  if (!to_frame(ev, &f) || !feed(self, static_cast<size_t>(i), f, now)) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* book_due(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  Py_ssize_t i;
+  double now;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "nd", &i, &now) || !valid_pair(self, i)) return nullptr;
+  if (self->finished) Py_RETURN_NONE;
+  Py_INCREF(obj);
+  const bool ok = run_book(self, [&](Actions& a) { self->book->due(static_cast<size_t>(i), now, a); });
+  Py_DECREF(obj);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyObject* book_close(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  unroute(self);
+  self->finished = true;
+  Py_CLEAR(self->owner);
+  Py_RETURN_NONE;
+}
+
+PyObject* book_rank_times(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (!book_ready(self)) return nullptr;
+  PyObject* d = PyDict_New();
+  if (d == nullptr) return nullptr;
+  for (const auto& [rank, t] : self->book->rank_times()) {
+    PyObject* k = PyLong_FromLongLong(rank);
+    PyObject* v = Py_BuildValue("(dd)", t.first, t.second);
+    if (k == nullptr || v == nullptr || PyDict_SetItem(d, k, v) != 0) {
+      Py_XDECREF(k);
+      Py_XDECREF(v);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(k);
+    Py_DECREF(v);
+  }
+  return d;
+}
+
+PyObject* book_take_lateness(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (!book_ready(self)) return nullptr;
+  std::vector<double> xs = self->book->take_lateness();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(xs.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t k = 0; k < xs.size(); ++k) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(k), PyFloat_FromDouble(xs[k]));
+  return list;
+}
+
+PyObject* book_remaining(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? PyLong_FromLongLong(self->book->remaining()) : nullptr;
+}
+
+PyObject* book_boundary(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? PyLong_FromLongLong(self->book->boundary()) : nullptr;
+}
+
+PyObject* book_done_at(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? PyFloat_FromDouble(self->book->done_at()) : nullptr;
+}
+
+PyMethodDef book_methods[] = {
+    {"add_pair", book_add_pair, METH_VARARGS, "add_pair(real, emu) -> int: a pair of the instance's boundary."},
+    {"expect_send", book_expect_send, METH_VARARGS,
+     "expect_send(pair, step, nbytes, limit, post_len): the real rank sends at `step` (nbytes < 0: the wire tells, at "
+     "most `limit`); the emulated receive is posted with `post_len` (< 0: once the notice tells)."},
+    {"expect_recv", book_expect_recv, METH_VARARGS,
+     "expect_recv(pair, step, nbytes, limit, deps, content): the real rank receives at `step`; the emulated send waits "
+     "for `deps` and carries `content`'s bytes ((rank, step) pairs; none: zeros)."},
+    {"connect", book_connect, METH_VARARGS,
+     "connect(pair, conn): the pair's connection is open: post its receives, take its frames natively."},
+    {"on_event", book_on_event, METH_VARARGS, "on_event(pair, event, now): a frame the driver read in Python."},
+    {"due", book_due, METH_VARARGS, "due(pair, now): a release timer for the pair fired."},
+    {"close", book_close, METH_NOARGS, "close(): stop taking frames; drop the owner."},
+    {"rank_times", book_rank_times, METH_NOARGS, "rank_times() -> {real rank: (first frame, last crossed)}."},
+    {"take_lateness", book_take_lateness, METH_NOARGS, "take_lateness() -> [seconds]: how late each timed release left."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef book_getset[] = {
+    {"remaining", book_remaining, nullptr, "boundary messages not yet crossed", nullptr},
+    {"boundary", book_boundary, nullptr, "boundary messages the program has", nullptr},
+    {"done_at", book_done_at, nullptr, "when the last one crossed", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyObject* bind_book(PyObject*, PyObject* err) {
+  Py_INCREF(err);
+  Py_XSETREF(g_protocol_error, err);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef book_module_methods[] = {
+    {"bind_book", bind_book, METH_O, "bind_book(ProtocolError): the engine's error for a frame the schedule lacks."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+PyObject* dispatch(PairObject* po, std::vector<gloo::Event>& events, double now) {
+  std::vector<gloo::Event> rest;
+  for (gloo::Event& ev : events) {
+    const Route* route = nullptr;
+    for (const Route& r : *po->routes) {
+      if (r.slot == ev.slot) {
+        route = &r;
+        break;
+      }
+    }
+    if (route == nullptr) {
+      rest.push_back(std::move(ev));
+      continue;
+    }
+    // The route may go while the book runs (it completes): nothing below reads it after.
+    auto* book = reinterpret_cast<BookObject*>(route->book);
+    Frame f{ev.kind, ev.slot, ev.length, std::move(ev.payload)};
+    if (!feed(book, route->index, f, now)) return nullptr;
+  }
+  return events_to_list(rest);
+}
+
+int add_book_types(PyObject* m) {
+  CoreType.tp_name = "neuronabox.controller._native.Core";
+  CoreType.tp_basicsize = sizeof(CoreObject);
+  CoreType.tp_dealloc = core_dealloc;
+  CoreType.tp_flags = Py_TPFLAGS_DEFAULT;
+  CoreType.tp_doc = "The host of the collective books: their timers, and the hooks for what Python does.";
+  CoreType.tp_methods = core_methods;
+  CoreType.tp_init = core_init;
+  CoreType.tp_new = PyType_GenericNew;
+  if (PyType_Ready(&CoreType) < 0) return -1;
+
+  BookType.tp_name = "neuronabox.controller._native.Book";
+  BookType.tp_basicsize = sizeof(BookObject);
+  BookType.tp_dealloc = book_dealloc;
+  BookType.tp_flags = Py_TPFLAGS_DEFAULT;
+  BookType.tp_doc = "One collective instance's boundary bookkeeping (matching, dependencies, FIFO, release).";
+  BookType.tp_methods = book_methods;
+  BookType.tp_getset = book_getset;
+  BookType.tp_init = book_init;
+  BookType.tp_new = PyType_GenericNew;
+  if (PyType_Ready(&BookType) < 0) return -1;
+
+  Py_INCREF(&CoreType);
+  Py_INCREF(&BookType);
+  if (PyModule_AddObject(m, "Core", reinterpret_cast<PyObject*>(&CoreType)) < 0 ||
+      PyModule_AddObject(m, "Book", reinterpret_cast<PyObject*>(&BookType)) < 0) {
+    return -1;
+  }
+  return PyModule_AddFunctions(m, book_module_methods);
+}
+
+}  // namespace nbx::py
