@@ -1,5 +1,6 @@
-"""An instance's accounting: its boundary messages left, each real rank's first and
-last boundary time, and the record it leaves in the trace."""
+"""An instance's accounting: each real rank's first and last boundary time (its
+frames before the book, then the book's own), and the record it leaves in the trace.
+What is left to cross is the book's (controller/native/book.h)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from .outcomes import InstanceRecord
 class Accounting:
     def __init__(self, start: float) -> None:
         self.start = start  # the first real frame: the emulated ranks enter now
-        self.boundary = 0  # boundary messages the schedule has
-        self.remaining = 0  # of those, not yet crossed
+        self.boundary = 0  # boundary messages the schedule has (the book's count, at the end)
         self.rank_times: dict[int, list[float]] = {}  # real rank -> [entered, last crossed]
 
     def enter(self, real: int, clock: Callable[[], float]) -> None:
@@ -24,26 +24,6 @@ class Accounting:
         if real not in self.rank_times:
             now = clock()
             self.rank_times[real] = [now, now]
-
-    def expect(self, n: int = 1, boundary: bool = True) -> None:
-        """`n` more messages to cross (`boundary` False: a placeholder, not a message)."""
-        self.remaining += n
-        if boundary:
-            self.boundary += n
-
-    def settle(self, n: int = 1) -> None:
-        """Drop `n` placeholders (or what will never cross)."""
-        self.remaining -= n
-
-    def crossed(self, real: int, now: float) -> bool:
-        """One message crossed between `real` and an emulated peer; True when none is left."""
-        self.rank_times[real][1] = now
-        self.remaining -= 1
-        return self.remaining == 0
-
-    @property
-    def done(self) -> bool:
-        return self.remaining == 0
 
     def record(
         self, group: str, tag: int, kind: Kind, nbytes: int, geometry: str, end: float, predicted: float
@@ -61,6 +41,3 @@ class Accounting:
             time.thread_time(),
             predicted,
         )
-
-    def summary(self, name: str) -> str:
-        return f"{name}: {self.remaining} of {self.boundary} boundary messages left"

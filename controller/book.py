@@ -2,29 +2,38 @@
 
 The book (`controller/native/book.h`) matches the real ranks' frames, tracks what
 crossed, frees and times the emulated sends and writes them, with no Python per
-message (docs/architecture.md, "The data plane"). It takes an instance whose
-emulated messages are zeros or forwarded real bytes, and whose program is whole at
-install: not a reduce whose root only its gather names, not a mirrored input, not
-per-message jitter. Those stay with the Python matcher (`matching.py`).
+message (docs/architecture.md, "The data plane"). Python hands it the program when
+the instance's shape is known, and again when the program grows (a reduce's
+gather, once a frame names its root).
 """
 
 from __future__ import annotations
 
-from neuronabox.schedules.gloo import RealRanks, RingReduce, Schedule, SendRef
+from collections.abc import Callable, Sequence
+
+from neuronabox.schedules.gloo import Msg, RealRanks, RingReduce, Schedule, SendRef
 
 from ._native import Book, Core, bind_book
-from .matching import Pair, post_len
 from .outcomes import ProtocolError
 
-__all__ = ["Book", "Core", "load_program", "takes"]
+__all__ = ["INPUT", "Book", "Core", "Pair", "load_program", "post_len"]
+
+Pair = tuple[int, int]  # (real group rank, emulated group rank)
+INPUT: SendRef = (-1, 0)  # what sends wait on for the mirror source's input (no rank sends it)
 
 bind_book(ProtocolError)
 
 
-def takes(schedule: Schedule, wants_input: bool, jitter: bool) -> bool:
-    """May the native book run this instance?"""
-    unrooted = isinstance(schedule, RingReduce) and schedule.root is None
-    return not (unrooted or wants_input or jitter)
+def post_len(schedule: Schedule, m: Msg) -> int:
+    """The receive an emulated rank posts for real send `m`: its length, a whole
+    segment (chunk, for a reduce's gather) when only the wire tells the last one,
+    or -1 when only the real rank's notice tells it (pairwise messages)."""
+    geo = getattr(schedule, "geo", None)
+    if m.nbytes >= 0 or geo is None:
+        return m.nbytes
+    if isinstance(schedule, RingReduce) and m.step == schedule.gather_step:
+        return geo.per_rank * geo.segment_bytes
+    return geo.segment_bytes
 
 
 def _refs(content: SendRef | tuple[SendRef, ...] | None) -> tuple[SendRef, ...]:
@@ -33,25 +42,36 @@ def _refs(content: SendRef | tuple[SendRef, ...] | None) -> tuple[SendRef, ...]:
     return (content,) if isinstance(content[0], int) else content
 
 
-def load_program(book: Book, schedule: Schedule, real: RealRanks) -> dict[Pair, int]:
-    """Every boundary message of the real ranks, in program order per pair, into `book`
-    (an emulated send with the real sends it waits for and carries); returns each
-    (real, emulated) pair's index in the book."""
-    index: dict[Pair, int] = {}
+def load_program(
+    book: Book,
+    schedule: Schedule,
+    real: RealRanks,
+    index: dict[Pair, int],
+    sends: Callable[[int], Sequence[Msg]],
+    recvs: Callable[[int], Sequence[Msg]],
+    extra_deps: tuple[SendRef, ...] = (),
+) -> set[Pair]:
+    """The real ranks' boundary messages from `sends` and `recvs` (the schedule's, or a
+    part of them), in program order per pair, into `book`: each emulated send with the
+    real sends it waits for (and `extra_deps`) and those whose bytes it carries. New
+    pairs are added to the book and to `index`; returns the pairs that got messages."""
+    grown: set[Pair] = set()
 
     def pair(r: int, e: int) -> int:
+        grown.add((r, e))
         i = index.get((r, e))
         if i is None:
             i = index[(r, e)] = book.add_pair(r, e)
         return i
 
     for r in real.sorted:
-        for m in schedule.sends(r):
+        for m in sends(r):
             if m.peer not in real:
                 n = post_len(schedule, m)
                 book.expect_send(pair(r, m.peer), m.step, m.nbytes, n, n)
-        for m in schedule.recvs(r):
+        for m in recvs(r):
             if m.peer not in real:
                 deps, content = schedule.origin(m.peer, m.step, real)
-                book.expect_recv(pair(r, m.peer), m.step, m.nbytes, post_len(schedule, m), deps, _refs(content))
-    return index
+                limit = post_len(schedule, m)
+                book.expect_recv(pair(r, m.peer), m.step, m.nbytes, limit, [*deps, *extra_deps], _refs(content))
+    return grown

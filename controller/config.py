@@ -29,7 +29,6 @@ class ControllerConfig:
     trace_file: str = ""
     observer: bool = True
     data: str = "zeros"  # what emulated ranks contribute: zeros, or mirror (the real rank's inputs)
-    data_plane: str = "native"  # native: the C++ book runs the instances it takes; python: the engine runs all
     topology: str = "cpu-25gbe"  # preset name or YAML file
     delay_model: str = "alpha-beta"
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link

@@ -7,16 +7,16 @@ allreduce's tensor size) is asked for through `request_meta`, and time comes
 from the `clock` it is given. One engine serves every process group of a run,
 and it knows no dialect's frames: the `Dialect` names each slot's collective.
 
-An instance is four parts and the bookkeeping between them: shape inference
-(which schedule), frame matching (each frame against its schedule), payload
-policy (what emulated messages carry) and accounting (what is left, the
-record). Its own states and their transitions are `Phase` and `PHASE_MOVES`.
+An instance is shape inference (which schedule), then a native book that runs
+its boundary program (controller/book.py: frame matching, dependencies, the FIFO
+per pair, release, accounting, all in C++), with the payload policy (what
+emulated messages carry) as its one Python hook. Its own states and their
+transitions are `Phase` and `PHASE_MOVES`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
 from collections.abc import Callable
 from enum import Enum, auto
 
@@ -24,14 +24,13 @@ from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import Msg, RingReduce, Schedule, SendRef
 
 from .accounting import Accounting
-from .book import Book, Core, load_program, takes
+from .book import INPUT, Book, Core, Pair, load_program
 from .dialect import Data, Dialect, Event, SendReady, UnsupportedCollective
 from .groups import Conn, Group
-from .matching import FrameMatcher, Pair
 from .mirror import MirrorInput
 from .outcomes import InstanceRecord, ProtocolError, StateError
 from .p2p import PointToPoint
-from .payloads import Content, Input, PayloadPolicy
+from .payloads import Input, PayloadPolicy
 from .release import ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
 
@@ -51,20 +50,6 @@ PHASE_MOVES = {
 }
 
 
-class _PendingSend:
-    """An emulated rank's send to a real rank, waiting for its dependencies."""
-
-    __slots__ = ("conn", "msg", "missing", "content", "release", "timed")
-
-    def __init__(self, conn: Conn, msg: Msg, content: Content) -> None:
-        self.conn = conn
-        self.msg = msg  # from the real rank's point of view: peer = the emulated sender
-        self.missing = 0  # real sends (and the mirror input) it still waits for
-        self.content = content
-        self.release: float | None = None  # when it may leave (None: not asked yet)
-        self.timed = False  # a driver timer is set for it
-
-
 class Instance:
     """One collective call on one process group: (group, slot)."""
 
@@ -80,17 +65,13 @@ class Instance:
             self.name(), group, kind, slot, engine.request_meta, engine.call_at is not None, engine.clock
         )
         self.grace_timer = False  # a driver timer is set for the end of the shape's grace period
-        self.match: FrameMatcher | None = None
         self.payloads = PayloadPolicy(engine.data)
         self.account = Accounting(engine.clock())
         self.buffered: list[tuple[Conn, Event]] = []  # frames before the shape is known
-        self.waiting: defaultdict[SendRef, list[_PendingSend]] = defaultdict(list)  # real send -> sends it feeds
-        self.input_waiters: list[_PendingSend] = []
-        self.outq: defaultdict[Pair, deque[_PendingSend]] = defaultdict(deque)  # per pair, the real rank's order
         self.timeline = None
         self.predicted = 0.0
-        self.book: Book | None = None  # the native book, when it runs the instance
-        self.book_pairs: dict[Pair, int] = {}
+        self.book: Book | None = None  # the native book runs the instance once its shape is known
+        self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
 
     def _move(self, to: Phase) -> None:
         if to not in PHASE_MOVES[self.phase]:
@@ -110,16 +91,24 @@ class Instance:
 
     # -- shape ---------------------------------------------------------------------------
     def feed(self, conn: Conn, ev: Event) -> None:
+        """A frame the driver handed to Python: one read before the book took its pair's
+        frames (or before the shape was known), or on a pair the program does not have yet."""
         self.account.enter(conn.real, self.engine.clock)
         if self.phase is Phase.RESOLVING:
             self.buffered.append((conn, ev))
             self.shape.note(conn, ev)
             self._try_resolve()
             return
-        if self.book is not None:  # a frame read before the book took its pair's frames
-            self.book.on_event(self.book_pairs[(conn.real, conn.emu)], ev, self.engine.clock())
-            return
-        self._dispatch(conn, ev)
+        self._to_book(conn, ev)
+
+    def _to_book(self, conn: Conn, ev: Event) -> None:
+        i = self.pairs.get((conn.real, conn.emu))
+        if i is None and self._name_root(conn, ev):  # a reduce's gather, on a pair of its own
+            i = self.pairs.get((conn.real, conn.emu))
+        if i is None:  # a pair the program lacks: the book names the frame
+            i = self.pairs[(conn.real, conn.emu)] = self.book.add_pair(conn.real, conn.emu)
+            self._connect((conn.real, conn.emu))
+        self.book.on_event(i, ev, self.engine.clock())
 
     def _try_resolve(self) -> None:
         if self.phase is not Phase.RESOLVING:
@@ -149,210 +138,136 @@ class Instance:
         self._try_resolve()
 
     def _install(self, sched: Schedule) -> None:
+        """The shape is known: the schedule's boundary program goes into a native book,
+        which runs the instance from here (controller/book.py). Every frame of its pairs
+        goes to it from the pairs' reads, and it says when the last message crossed."""
         self._move(Phase.RUNNING)
         self.schedule = sched
-        self.match = FrameMatcher(self.name(), sched)
         g, eng = self.group, self.engine
-        if eng.timing is not None:
-            self.timeline = eng.timing.timeline(self.kind, self.nbytes, sched, g.real, self.account.start)
-            self.predicted = eng.timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
-        wants_input = self.payloads.wants_input(sched, g.real) and eng.request_input is not None
-        jitter = eng.timing is not None and eng.timing.whatif.has_jitter(self.kind)
-        if eng.native and takes(sched, wants_input, jitter):
-            self._install_book(sched)
-            return
-        new = self._expect(sched.sends, sched.recvs)
+        timing = eng.timing
+        if timing is not None:
+            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.account.start)
+            self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
+        clock = self.timeline
+        if clock is not None and timing.whatif.has_jitter(self.kind):
+            clock = Jittered(clock, timing, self.kind)
         if self.payloads.wants_input(sched, g.real) and eng.request_input is not None:
             if eng.request_input(g.name, self.slot, g.global_rank(g.real.mirror)):
                 self.payloads.asked()
-        if isinstance(sched, RingReduce) and sched.root is None:
-            self.account.expect(1, boundary=False)  # the gather to the root, counted once a frame names it
-        self._post_receives(new)
+        asked = self.payloads.input is Input.ASKED
+        unrooted = isinstance(sched, RingReduce) and sched.root is None
+        self.book = book = Book(
+            eng.core,
+            self,
+            self.name(),
+            self.slot,
+            clock,
+            payload=self._payload if asked else None,
+            extend=self._extend if unrooted else None,
+        )
+        self.payloads.lookup = self._received
+        self._load(sched.sends, sched.recvs)
+        if unrooted:
+            book.hold(1)  # the gather to the root, settled once a frame names it
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
-            self._dispatch(conn, ev)
-        if self.account.done and self.phase is Phase.RUNNING:  # nothing crossed (else the last mark completed it)
-            self._complete()
-
-    def _install_book(self, sched: Schedule) -> None:
-        """The native book runs the instance from here: every frame of its pairs goes to
-        it, from the pairs' reads, and it says when the last message crossed."""
-        g, eng = self.group, self.engine
-        self.book = book = Book(eng.core, self, self.name(), self.slot, self.timeline)
-        eng.booked += 1
-        self.book_pairs = load_program(book, sched, g.real)
-        self.account.expect(book.boundary)
-        for (r, e), i in self.book_pairs.items():
-            conn = eng.conn_of(g, r, e)
-            if conn is None:  # not connected yet: the book takes it when the pair opens
-                eng.unposted.setdefault((g.name, r, e), []).append(lambda c, i=i: book.connect(i, c))
-            else:
-                book.connect(i, conn)
-        buffered, self.buffered = self.buffered, []
-        for conn, ev in buffered:
-            self.book.on_event(self.book_pairs[(conn.real, conn.emu)], ev, eng.clock())
-        if book.remaining == 0 and self.phase is Phase.RUNNING:  # nothing crossed
+            self._to_book(conn, ev)
+        if book.remaining == 0 and self.phase is Phase.RUNNING:  # nothing crossed (else the last one completed it)
             self.book_done()
 
-    def book_done(self) -> None:
-        """The book's last message crossed (or it had none): the record takes its times."""
-        book = self.book
-        book.close()
-        times = self.account.rank_times
-        for r, (first, last) in book.rank_times().items():
-            t = times.setdefault(r, [first, last])
-            t[0], t[1] = min(t[0], first), last
-        self.account.remaining = 0
-        timing = self.engine.timing
-        if timing is not None:
-            for late in book.take_lateness():
-                timing.record_lateness(late)
-        self._complete()
+    def _load(self, sends, recvs) -> None:
+        """Messages of the schedule's program into the book; new pairs connect (and post
+        every receive at once), known ones post what they gained."""
+        known = set(self.pairs)
+        grown = load_program(self.book, self.schedule, self.group.real, self.pairs, sends, recvs, self._input_deps())
+        for key in grown:
+            if key in known:
+                self.book.post(self.pairs[key])
+            else:
+                self._connect(key)
 
-    def _expect(self, sends, recvs) -> dict[Pair, list[Msg]]:
-        new, n = self.match.expect(self.group.real, sends, recvs)
-        self.account.expect(n)
-        return new
+    def _connect(self, key: Pair) -> None:
+        r, e = key
+        i = self.pairs[key]
+        eng = self.engine
+        conn = eng.conn_of(self.group, r, e)
+        if conn is None:  # not connected yet: the book takes it when the pair opens
+            eng.unposted.setdefault((self.group.name, r, e), []).append(lambda c: self.book.connect(i, c))
+        else:
+            self.book.connect(i, conn)
+
+    def _input_deps(self) -> tuple:
+        """What every emulated send waits for besides real sends: the mirror input, if asked."""
+        return (INPUT,) if self.payloads.input is Input.ASKED else ()
+
+    def _received(self, ref: SendRef):
+        return self.book.received(*ref)
+
+    def _payload(self, pair: int, step: int, nbytes: int):
+        """An emulated send's bytes when the observer's input shapes them (mirror, an
+        object's pickle); None: the book's own rule (zeros, or the real bytes it carries)."""
+        if self.payloads.mirror is None:
+            return None
+        r, e = self._pair_of(pair)
+        content = self.schedule.origin(e, step, self.group.real)[1]
+        return self.payloads.payload(self.schedule, self.group.real, e, Msg(e, step, nbytes), content)
+
+    def _pair_of(self, i: int) -> Pair:
+        for key, j in self.pairs.items():
+            if j == i:
+                return key
+        raise KeyError(i)
+
+    def _extend(self, pair: int, send: bool) -> bool:
+        """A notice on a pair whose program has nothing left that way: a reduce's gather
+        frame names its root."""
+        r, e = self._pair_of(pair)
+        return self._name_root_from(r, e, send)
 
     def _name_root(self, conn: Conn, ev: Event) -> bool:
+        if isinstance(ev, Data):
+            return False
+        return self._name_root_from(conn.real, conn.emu, isinstance(ev, SendReady))
+
+    def _name_root_from(self, real: int, emu: int, send: bool) -> bool:
         """A reduce's first gather frame names its root: add every real rank's gather."""
         sched = self.schedule
-        if not isinstance(sched, RingReduce) or sched.root is not None or isinstance(ev, Data):
+        if not isinstance(sched, RingReduce) or sched.root is not None:
             return False
-        self.schedule = self.match.schedule = sched = sched.with_root(
-            conn.emu if isinstance(ev, SendReady) else conn.real
-        )
+        self.schedule = sched = sched.with_root(emu if send else real)
         self.shape.geometry += f" root={sched.root}"
-        new = self._expect(lambda r: sched.gather_msgs(r, False), lambda r: sched.gather_msgs(r, True))
-        self.account.settle()
-        self._post_receives(new)
+        self._load(lambda r: sched.gather_msgs(r, False), lambda r: sched.gather_msgs(r, True))
+        self.book.settle(1, self.engine.clock())
         return True
 
     def settle_unrooted(self) -> None:
         """A reduce whose real ranks had no chunk to send to an emulated root never sees
         its gather: once the ring is done, a later collective on the group closes it."""
         sched = self.schedule
-        if not isinstance(sched, RingReduce) or sched.root is not None or self.account.remaining != 1:
+        if not isinstance(sched, RingReduce) or sched.root is not None or self.book.remaining != 1:
             return
         if all(sched.chunk_len(r) == 0 for r in self.group.real.sorted):  # else their gather frames will come
-            self.account.settle()
-            self._complete()
-
-    # -- receives the emulated ranks post ----------------------------------------------------
-    def _post_receives(self, expected: dict[Pair, list[Msg]]) -> None:
-        """The emulated receivers post every receive the real ranks will send into, at
-        once (zero delay): the real rank's data then flows without a round trip, and the
-        notices for one pair leave in a single write."""
-        for (r, e), msgs in expected.items():
-            conn = self.engine.conn_of(self.group, r, e)
-            if conn is None:  # not connected yet: posted when the pair opens
-                self.engine.unposted.setdefault((self.group.name, r, e), []).append(
-                    lambda c, msgs=msgs: self.post(c, msgs)
-                )
-                continue
-            self.post(conn, msgs)
-
-    def post(self, conn: Conn, msgs: list[Msg]) -> None:
-        """Post receives for `msgs`; a length only the real rank's notice tells is posted
-        when that notice comes."""
-        posted = False
-        for m in msgs:
-            if (n := self.match.post_len(m)) >= 0:
-                conn.pair.recv_ready(self.slot, n)
-                posted = True
-        if posted:
-            self.engine.emit(conn)
-
-    # -- try-receive / try-send ---------------------------------------------------
-    def _dispatch(self, conn: Conn, ev: Event) -> None:
-        match = self.match
-        if isinstance(ev, SendReady):
-            if not match.has_send(conn):
-                self._name_root(conn, ev)
-            m, unposted = match.send_notice(conn, ev.length)
-            if unposted:  # its receive waited for this notice
-                conn.pair.recv_ready(self.slot, m.nbytes)
-                self.engine.emit(conn)
-        elif isinstance(ev, Data):
-            m = match.data_frame(conn, len(ev.payload))
-            ref = (conn.real, m.step)
-            self.payloads.keep(ref, ev.payload)
-            now = self.engine.clock()
-            if self.timeline is not None:
-                self.timeline.real_sent(conn.real, m.step, now)
-            self._crossed(conn.real, now)
-            for p in self.waiting.pop(ref, ()):
-                p.missing -= 1
-                if p.missing == 0:
-                    self._flush(p.conn)
-        else:  # RecvReady: the real rank posted a receive from the emulated peer
-            if not match.has_recv(conn):
-                self._name_root(conn, ev)
-            m = match.recv_notice(conn, ev.length)
-            self._queue_send(conn, m)
-
-    def _queue_send(self, conn: Conn, m: Msg) -> None:
-        """The emulated peer's send for the receive the real rank posted: it waits for
-        the real sends it builds on (and the mirror input), then for its release time."""
-        deps, content = self.schedule.origin(conn.emu, m.step, self.group.real)
-        p = _PendingSend(conn, m, content)
-        for ref in deps:
-            if not self.payloads.have(ref):
-                p.missing += 1
-                self.waiting[ref].append(p)
-        if self.payloads.input is Input.ASKED:
-            p.missing += 1
-            self.input_waiters.append(p)
-        self.outq[(conn.real, conn.emu)].append(p)
-        if p.missing == 0:
-            self._flush(conn)
+            self.book.settle(1, self.engine.clock())
 
     def on_input(self, mirror: MirrorInput | None) -> None:
         """The mirror source's input came (None: none recorded; its messages stay zeros)."""
         self.payloads.on_input(mirror)
-        waiters, self.input_waiters = self.input_waiters, []
-        for p in waiters:
-            p.missing -= 1
-            if p.missing == 0:
-                self._flush(p.conn)
+        self.book.arrive(*INPUT, self.engine.clock())
 
-    def _flush(self, conn: Conn) -> None:
-        """Write ready sends in the order the real rank posted the receives (FIFO per pair),
-        each at its release time: a driver timer comes back for one that is early."""
-        q = self.outq[(conn.real, conn.emu)]
-        tl = self.timeline
-        eng = self.engine
-        while q and q[0].missing == 0:
-            p = q[0]
-            if tl is not None:
-                if p.release is None:
-                    p.release = tl.release(conn.emu, p.msg.step) + eng.timing.jitter(self.kind)
-                now = eng.clock()
-                if p.release > now:
-                    if not p.timed:
-                        p.timed = True
-                        eng.call_at(p.release, lambda: self._flush(conn))
-                    return
-                if p.timed:
-                    eng.timing.record_lateness(now - p.release)
-            q.popleft()
-            self._send(p)
-
-    def _send(self, p: _PendingSend) -> None:
-        n = p.msg.nbytes
-        payload = self.payloads.payload(self.schedule, self.group.real, p.conn.emu, p.msg, p.content)
-        if len(payload) != n:
-            what = f"forwarded {len(payload)} bytes into a {n}-byte receive"
-            raise ProtocolError(self.match.where(p.conn, what, p.msg.step))
-        p.conn.pair.send(self.slot, payload)
-        self.engine.emit(p.conn)
-        self._crossed(p.conn.real)
-
-    def _crossed(self, real: int, now: float | None = None) -> None:
-        if self.account.crossed(real, self.engine.clock() if now is None else now):
-            self._complete()
-
-    def _complete(self) -> None:
+    def book_done(self) -> None:
+        """The book's last message crossed (or it had none): the record takes its times."""
+        book = self.book
+        book.close()  # its hooks, the payload policy's lookup: no cycle keeps the instance
+        self.payloads.lookup = None
+        times = self.account.rank_times
+        for r, (first, last) in book.rank_times().items():
+            t = times.setdefault(r, [first, last])
+            t[0], t[1] = min(t[0], first), last
+        self.account.boundary = book.boundary
+        timing = self.engine.timing
+        if timing is not None:
+            for late in book.take_lateness():
+                timing.record_lateness(late)
         self._move(Phase.COMPLETE)
         self.engine.completed(self)
 
@@ -366,7 +281,7 @@ class Instance:
     def summary(self) -> str:
         if self.book is not None:
             return f"{self.name()}: {self.book.remaining} of {self.book.boundary} boundary messages left"
-        return self.account.summary(self.name())
+        return f"{self.name()}: resolving its shape"
 
     def real_ranks_entered(self) -> dict[int, float]:
         """Global rank -> its last boundary time, for each real rank that entered (the watchdog)."""
@@ -374,6 +289,19 @@ class Instance:
         if self.book is not None:
             times.update((r, t[1]) for r, t in self.book.rank_times().items())
         return {self.group.global_rank(r): t for r, t in times.items()}
+
+
+class Jittered:
+    """A timeline whose releases each get the what-if's random extra delay."""
+
+    def __init__(self, timeline, timing: ReleaseTiming, kind: Kind) -> None:
+        self.timeline, self.timing, self.kind = timeline, timing, kind
+
+    def release(self, emu: int, step: int) -> float:
+        return self.timeline.release(emu, step) + self.timing.jitter(self.kind)
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        self.timeline.real_sent(rank, step, t)
 
 
 class Engine:
@@ -391,12 +319,11 @@ class Engine:
         data: str = "zeros",
         request_input: Callable[[str, int, int], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        native: bool = True,
         native_timers: bool = False,
         blocked: Callable[[Conn], None] | None = None,
     ) -> None:
-        """`native`: the native book runs the instances it takes (controller/book.py).
-        `native_timers`: its release timers wait in the native core, which the driver
+        """Each instance runs in a native book once its shape is known (controller/book.py).
+        `native_timers`: the books' release timers wait in the native core, which the driver
         runs (`core.next_deadline`, `core.run_due`), not through `call_at`; `blocked`
         hears of a pair a native write could not finish."""
         self.emit = emit
@@ -414,8 +341,6 @@ class Engine:
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
-        self.native = native
-        self.booked = 0  # instances the native book ran
         self.core = Core(
             done=Instance.book_done, emit=emit, blocked=blocked, call_at=None if native_timers else self._book_timer
         )

@@ -148,7 +148,6 @@ class Controller:
             call_at=driver.call_at,
             data=self.cfg.data,
             request_input=self._request_input if self.cfg.observer else None,
-            native=self.cfg.data_plane == "native",
             native_timers=True,
             blocked=driver.blocked,
         )

@@ -12,6 +12,7 @@ object gather, are the input the mirror source's observer noted for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum, auto
 
 from neuronabox.schedules import Kind
@@ -34,7 +35,7 @@ class Input(Enum):
 class PayloadPolicy:
     def __init__(self, data: str) -> None:
         self.data = data  # zeros or mirror
-        self.received: dict[SendRef, bytes] = {}  # the real sends' payloads, by (real rank, step)
+        self.lookup: Callable[[SendRef], bytes] | None = None  # a real send's payload (the instance's book)
         self.input = Input.NOT_NEEDED
         self.mirror: MirrorInput | None = None
 
@@ -56,12 +57,6 @@ class PayloadPolicy:
     def on_input(self, mirror: MirrorInput | None) -> None:
         self.mirror, self.input = mirror, Input.IN
 
-    def keep(self, ref: SendRef, payload: bytes) -> None:
-        self.received[ref] = payload
-
-    def have(self, ref: SendRef) -> bool:
-        return ref in self.received
-
     def payload(self, schedule: Schedule, real: RealRanks, emu: int, m: Msg, content: Content) -> bytes:
         """The bytes emulated rank `emu` sends in message `m`."""
         if self.mirror is not None:
@@ -74,8 +69,8 @@ class PayloadPolicy:
         if c is None:
             return bytes(n)
         if isinstance(c[0], tuple):  # several real sends, concatenated (a reduce's chunk)
-            return b"".join(self.received[ref] for ref in c)
-        return self.received[c]
+            return b"".join(self.lookup(ref) for ref in c)
+        return self.lookup(c)
 
     def _mirrored(self, schedule: Schedule, real: RealRanks, emu: int, m: Msg) -> bytes | None:
         plan = schedule.mirror_plan(emu, m.step, real)

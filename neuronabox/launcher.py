@@ -217,9 +217,6 @@ class Run:
         self.data = args.ours.get("--data", "zeros")
         if self.data not in ("zeros", "mirror"):
             raise UsageError(f"--data is zeros or mirror, got {self.data!r}")
-        self.data_plane = args.ours.get("--data-plane", "native")
-        if self.data_plane not in ("native", "python"):
-            raise UsageError(f"--data-plane is native or python, got {self.data_plane!r}")
         if self.data == "mirror" and "--no-observer" in args.switches:
             raise UsageError("--data mirror needs the observer (it reads the real rank's inputs); drop --no-observer")
         if args.get("--rdzv-backend") not in (None, "static"):
@@ -344,7 +341,6 @@ class Run:
             trace_file=self.trace_path,
             observer=self.observer,
             data=self.data,
-            data_plane=self.data_plane,
             topology=self.topology,
             delay_model=self.delay_model,
             boundary=self.boundary,

@@ -17,7 +17,6 @@ OURS = {
     "--real-nodes",
     "--real-ranks",
     "--data",
-    "--data-plane",
     "--gloo-mode",
     "--trace",
     "--gloo-host",
@@ -69,8 +68,6 @@ neuronabox flags:
   --inject SPEC               a what-if modifier, e.g. latency=+2ms or bandwidth=x0.5 (repeatable)
   --gloo-mode auto|full|lazy  Gloo's connection mode (auto: lazy above 64 ranks)
   --data zeros|mirror         what the emulated ranks send (mirror needs the observer)
-  --data-plane native|python  who runs each collective's boundary messages (default native: the
-                              C++ book; python: the Python engine, for comparison and debugging)
   --no-observer               run without the observer in the real ranks
   --trace FILE                write the run's trace to FILE (JSON lines, streamed as the run goes)
   --timeout SECONDS           a real rank without progress this long ends the run, naming where it is

@@ -5,12 +5,9 @@ loopback TCP socket from a compiled loop (the native module's `pingpong`); one
 side's CPU time per message it sends or receives. Controller: a 4 KiB allreduce
 at --nnodes 64 and 512 under the zero-delay model, the real rank pinned to core
 0, the launcher and controller to core 1; the controller loop thread's CPU over
-the timed repetitions by the boundary messages they carried, and the real rank's
-median time per allreduce. Each world runs under both data planes (`native`: the
-C++ book runs the collective; `python`: the Python engine). Each repetition runs
-the floor and every (world, plane), in rotated order; the table gives medians with
-their range, the ratio to the floor of the same repetition, and the python/native
-ratio of the same repetition.
+the timed repetitions by the boundary messages they carried. Each repetition
+runs the floor and both worlds, in rotated order; the table gives medians with
+their range and the ratio to the floor of the same repetition.
 Usage: python scripts/bench_controller.py [--repeat K] [--reps N]
 """
 
@@ -32,7 +29,6 @@ from bench_allreduce import emulated, write_pinned_placement
 FLOOR_BYTES = 64  # a notice-sized frame
 FLOOR_ROUNDS = 20000
 WORLDS = [64, 512]
-PLANES = ["native", "python"]
 
 
 def floor_side(port: int, cpu: int, first: bool) -> None:
@@ -82,55 +78,38 @@ def main() -> None:
         port, cpu, first = args.floor_side
         floor_side(port, cpu, bool(first))
         return
-    runs = [(w, p) for w in WORLDS for p in PLANES]
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         floors: list[float] = []
-        per_msg: dict = {k: [] for k in runs}
-        ratio: dict = {k: [] for k in runs}
-        real_ms: dict = {k: [] for k in runs}
-        speedup: dict = {w: [] for w in WORLDS}
+        per_msg: dict[int, list[float]] = {w: [] for w in WORLDS}
+        ratio: dict[int, list[float]] = {w: [] for w in WORLDS}
         for rep in range(args.repeat):
-            steps: list = ["floor", *runs]
-            k = rep % len(steps)
-            steps = steps[k:] + steps[:k]  # rotate the order
+            steps = ["floor", *WORLDS]
+            steps = steps[rep % 3 :] + steps[: rep % 3]  # rotate the order
             got: dict = {}
             for step in steps:
                 if step == "floor":
                     got[step] = floor()
                 else:
-                    w, plane = step
-                    flags = ("--placement", str(placement), "--data-plane", plane)
-                    med, cpu, _ = emulated(w, 4096, args.reps, flags=flags, cpus={1})
-                    got[step] = cpu
-                    real_ms[step].append(med * 1e3)
+                    flags = ("--placement", str(placement))
+                    got[step] = emulated(step, 4096, args.reps, flags=flags, cpus={1})[1]
             floors.append(got["floor"])
-            for key in runs:
-                per_msg[key].append(got[key])
-                ratio[key].append(got[key] / got["floor"])
             for w in WORLDS:
-                speedup[w].append(got[(w, "python")] / got[(w, "native")])
-            shown = ", ".join(f"{k if k == 'floor' else '/'.join(map(str, k))}={v * 1e6:.1f}us" for k, v in got.items())
-            print(f"  rep {rep + 1}: {shown}", file=sys.stderr)
+                per_msg[w].append(got[w])
+                ratio[w].append(got[w] / got["floor"])
+            print(f"  rep {rep + 1}: " + ", ".join(f"{k}={v * 1e6:.1f}us" for k, v in got.items()), file=sys.stderr)
 
-    def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
-        return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+    def us(xs: list[float]) -> str:
+        return f"{statistics.median(xs) * 1e6:.1f} us ({min(xs) * 1e6:.1f}-{max(xs) * 1e6:.1f})"
 
-    print(
-        "| 4 KiB allreduce | data plane | CPU per message, median (range) | ratio to the floor | "
-        "time on the real rank, ms | python / native CPU |"
-    )
-    print("|---|---|---:|---:|---:|---:|")
-    us = "{:.1f}"
-    floor_us = spread([f * 1e6 for f in floors], us)
-    print(f"| kernel floor: TCP ping-pong, {FLOOR_BYTES} B | - | {floor_us} us | 1 | - | - |")
-    for w, plane in runs:
-        key = (w, plane)
-        cpu = spread([x * 1e6 for x in per_msg[key]], us)
-        ab = spread(speedup[w]) if plane == "native" else ""
-        real = spread(real_ms[key])
-        print(f"| controller, --nnodes {w} | {plane} | {cpu} us | {spread(ratio[key])} | {real} | {ab} |")
+    print("| 4 KiB allreduce | CPU per message, median (range) | ratio to the floor, median (range) |")
+    print("|---|---:|---:|")
+    print(f"| kernel floor: TCP ping-pong, {FLOOR_BYTES} B | {us(floors)} | 1 |")
+    for w in WORLDS:
+        r = ratio[w]
+        spread = f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})"
+        print(f"| controller, --nnodes {w} | {us(per_msg[w])} | {spread} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The README's fidelity table: `neuronabox validate` over the validation workloads.
 
-    python scripts/fidelity.py [--only loopback|netns] [--repeat K] [--steps N] [--out DIR]
+    python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--repeat K] [--steps N] [--out DIR]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
 rates) it calibrates once, then validates every workload against that topology,
@@ -67,6 +67,7 @@ def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str) 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("loopback", "netns"))
+    p.add_argument("--nnodes", type=int, help="only the testbeds of this world size")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
@@ -79,7 +80,7 @@ def main() -> int:
           "| controller CPU / model time per message |")  # fmt: skip
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for testbed, rate, nnodes in CASES:
-        if ns.only and testbed != ns.only:
+        if (ns.only and testbed != ns.only) or (ns.nnodes and nnodes != ns.nnodes):
             continue
         shaping = ["--testbed", testbed] + (["--rate", rate] if rate else [])
         topo = out / f"calibrated-{testbed}{'-' + rate if rate else ''}.yaml"

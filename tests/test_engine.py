@@ -23,7 +23,7 @@ from neuronabox.schedules.gloo import (
 class RealSide:
     """What the stock Gloo of real ranks puts on the boundary, for one instance."""
 
-    def __init__(self, world, real, sched, slot, meta=None, native=True):
+    def __init__(self, world, real, sched, slot, meta=None):
         self.group = Group("0", world, RealRanks(real, world))
         self.sched, self.slot = sched, slot
         self.out = deque()  # (conn, bytes) the controller wrote
@@ -32,7 +32,6 @@ class RealSide:
             dialect=GLOO,
             request_meta=(lambda g, slot, r, kind: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
-            native=native,
         )
         self.meta = meta
         self.conns, self.mirror = {}, {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTROLLER = ROOT / "controller"
-DIALECT_NEUTRAL = ["engine", "shape", "matching", "payloads", "accounting", "p2p", "groups", "dialect", "release"]
+DIALECT_NEUTRAL = ["engine", "shape", "book", "payloads", "accounting", "p2p", "groups", "dialect", "release"]
 
 
 def local_imports(path: Path) -> set[str]:

@@ -56,8 +56,13 @@ BytesRef zeros(size_t n) {
   return std::make_shared<ZeroBytes>(block, n);
 }
 
-Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock)
-    : name_(std::move(name)), slot_(slot), clock_(std::move(clock)) {}
+Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
+           std::shared_ptr<PayloadSource> source, std::shared_ptr<ProgramExtension> extension)
+    : name_(std::move(name)),
+      slot_(slot),
+      clock_(std::move(clock)),
+      source_(std::move(source)),
+      extension_(std::move(extension)) {}
 
 size_t Book::add_pair(int64_t real, int64_t emu) {
   pairs_.emplace_back(real, emu);
@@ -67,6 +72,7 @@ size_t Book::add_pair(int64_t real, int64_t emu) {
 void Book::expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len) {
   PairBook& p = pairs_.at(pair);
   p.sends.push_back(Expected{step, nbytes, limit, post_len});
+  if (post_len >= 0) p.unposted.push_back(post_len);
   p.last_send = step;
   ++boundary_;
   ++remaining_;
@@ -84,16 +90,40 @@ void Book::expect_real_recv(size_t pair, int64_t step, int64_t nbytes, int64_t l
 }
 
 void Book::connect(size_t pair, Port* port, Actions& out) {
+  pairs_.at(pair).port = port;
+  post(pair, out);
+}
+
+void Book::post(size_t pair, Actions& out) {
   PairBook& p = pairs_.at(pair);
-  p.port = port;
-  bool posted = false;
-  for (const Expected& m : p.sends) {  // every receive the real rank will send into, at once
-    if (m.post_len >= 0) {
-      port->recv_ready(slot_, static_cast<uint64_t>(m.post_len));
-      posted = true;
-    }
+  if (p.port == nullptr || p.unposted.empty()) return;
+  for (int64_t n : p.unposted) p.port->recv_ready(slot_, static_cast<uint64_t>(n));  // every one at once
+  p.unposted.clear();
+  out.dirty.push_back(pair);
+}
+
+void Book::arrive(SendRef ref, double now, Actions& out) {
+  received_.emplace(ref.key(), zeros(0));
+  auto it = waiting_.find(ref.key());
+  if (it == waiting_.end()) return;
+  std::vector<PendingSend*> fed = std::move(it->second);
+  waiting_.erase(it);
+  for (PendingSend* s : fed) {
+    if (--s->missing == 0) flush(s->pair, now, out);
   }
-  if (posted) out.dirty.push_back(pair);
+}
+
+void Book::settle(int64_t n, double now, Actions& out) {
+  remaining_ -= n;
+  if (remaining_ == 0) {
+    done_at_ = now;
+    out.complete = true;
+  }
+}
+
+BytesRef Book::received(SendRef ref) const {
+  auto it = received_.find(ref.key());
+  return it == received_.end() ? nullptr : it->second;
 }
 
 std::string Book::where(const PairBook& p, const std::string& what, int64_t step) const {
@@ -136,7 +166,9 @@ void Book::crossed(int64_t real, double now, Actions& out) {
 void Book::on_send_ready(size_t pair, uint64_t length, double now, Actions& out) {
   PairBook& p = pairs_.at(pair);
   enter(p.real, now);
-  if (p.sends.empty()) unexpected(p, "NOTIFY_SEND_READY", length, true);
+  if (p.sends.empty() && !(extension_ && extension_->extend(pair, true) && !p.sends.empty())) {
+    unexpected(p, "NOTIFY_SEND_READY", length, true);
+  }
   Expected posted = p.sends.front();
   p.sends.pop_front();
   const int64_t n = check_len(p, posted, length, "sends");
@@ -158,22 +190,18 @@ void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
     throw ProtocolFault(where(p, std::to_string(n) + " data bytes, schedule expects " + std::to_string(m.nbytes), m.step));
   }
   const SendRef ref{p.real, m.step};
-  received_[ref.key()] = std::move(payload);
+  received_[ref.key()] = payload;
   if (clock_) clock_->real_sent(p.real, m.step, now);
   crossed(p.real, now, out);
-  auto it = waiting_.find(ref.key());
-  if (it == waiting_.end()) return;
-  std::vector<PendingSend*> fed = std::move(it->second);
-  waiting_.erase(it);
-  for (PendingSend* s : fed) {
-    if (--s->missing == 0) flush(s->pair, now, out);
-  }
+  arrive(ref, now, out);
 }
 
 void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out) {
   PairBook& p = pairs_.at(pair);
   enter(p.real, now);
-  if (p.recvs.empty()) unexpected(p, "NOTIFY_RECV_READY", length, false);
+  if (p.recvs.empty() && !(extension_ && extension_->extend(pair, false) && !p.recvs.empty())) {
+    unexpected(p, "NOTIFY_RECV_READY", length, false);
+  }
   const Expected m = p.recvs.front();
   const int64_t n = check_len(p, m, length, "receives");
   p.recvs.pop_front();
@@ -233,7 +261,8 @@ BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) const {
 
 void Book::send(PendingSend& s, double now, Actions& out) {
   PairBook& p = pairs_[s.pair];
-  BytesRef payload = bytes_of(s.content, s.nbytes);
+  BytesRef payload = source_ ? source_->payload(s.pair, s.step, s.nbytes) : nullptr;
+  if (!payload) payload = bytes_of(s.content, s.nbytes);
   if (static_cast<int64_t>(payload->size()) != s.nbytes) {
     throw ProtocolFault(where(p, "forwarded " + std::to_string(payload->size()) + " bytes into a " +
                                      std::to_string(s.nbytes) + "-byte receive", s.step));

@@ -52,6 +52,23 @@ class ReleaseClock {
   virtual void real_sent(int64_t real, int64_t step, double t) = 0;
 };
 
+// Where an emulated send's bytes come from when the book's own rule (zeros, or the
+// real sends it carries) is not the policy: a mirrored input folded in, an object's
+// pickle. Returns null to fall back to the book's rule.
+class PayloadSource {
+ public:
+  virtual ~PayloadSource() = default;
+  virtual BytesRef payload(size_t pair, int64_t step, int64_t nbytes) = 0;
+};
+
+// Told of a notice on a pair whose program has nothing left in that direction; may
+// add to the program (a reduce's gather, once a frame names its root) and return true.
+class ProgramExtension {
+ public:
+  virtual ~ProgramExtension() = default;
+  virtual bool extend(size_t pair, bool send) = 0;
+};
+
 // What one call asks of its driver.
 struct Actions {
   std::vector<std::pair<double, size_t>> timers;  // (when, pair): call due(pair, t) then
@@ -61,7 +78,8 @@ struct Actions {
 
 class Book {
  public:
-  Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock);
+  Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
+       std::shared_ptr<PayloadSource> source = nullptr, std::shared_ptr<ProgramExtension> extension = nullptr);
 
   // -- the program (before the first event) ---------------------------------------
   size_t add_pair(int64_t real, int64_t emu);
@@ -72,8 +90,18 @@ class Book {
   // `deps` and carries the bytes of `content` concatenated (none: zeros).
   void expect_real_recv(size_t pair, int64_t step, int64_t nbytes, int64_t limit, std::vector<SendRef> deps,
                         std::vector<SendRef> content);
-  // The pair's connection is open: its receives are posted now.
+  // The pair's connection is open: its receives are posted now (and from now on, as
+  // the program grows).
   void connect(size_t pair, Port* port, Actions& out);
+  // Post the receives the program gained since the last post, on a connected pair.
+  void post(size_t pair, Actions& out);
+  // Something sends wait on that is not a boundary message (a mirrored input: rank -1)
+  // is in.
+  void arrive(SendRef ref, double now, Actions& out);
+  // Placeholders: `n` more to settle before the instance is done (a reduce's gather
+  // before its root is known), and `n` of them settled.
+  void hold(int64_t n) { remaining_ += n; }
+  void settle(int64_t n, double now, Actions& out);
 
   // -- events -----------------------------------------------------------------------
   void on_send_ready(size_t pair, uint64_t length, double now, Actions& out);
@@ -90,9 +118,16 @@ class Book {
   int64_t remaining() const { return remaining_; }
   bool done() const { return remaining_ == 0; }
   double done_at() const { return done_at_; }
+  // The payload of a real send that crossed (null: not yet).
+  BytesRef received(SendRef ref) const;
   // Real rank -> (first frame, last message crossed).
   const std::unordered_map<int64_t, std::pair<double, double>>& rank_times() const { return rank_times_; }
   std::vector<double> take_lateness() { return std::move(lateness_); }
+  // The instance is over: let go of the hooks (they hold its Python side).
+  void drop_hooks() {
+    source_.reset();
+    extension_.reset();
+  }
 
  private:
   struct Expected {
@@ -111,6 +146,7 @@ class Book {
     int64_t real, emu;
     Port* port = nullptr;
     std::deque<Expected> sends, data, recvs;      // the real rank's, still to come
+    std::deque<int64_t> unposted;                 // receive lengths the emulated side has yet to post
     std::deque<std::vector<SendRef>> recv_deps, recv_content;  // beside `recvs`
     int64_t last_send = -1, last_recv = -1;       // steps, for the error text
     std::deque<std::unique_ptr<PendingSend>> outq;  // the emulated sends, in posting order
@@ -128,6 +164,8 @@ class Book {
   std::string name_;
   uint64_t slot_;
   std::shared_ptr<ReleaseClock> clock_;
+  std::shared_ptr<PayloadSource> source_;
+  std::shared_ptr<ProgramExtension> extension_;
   std::deque<PairBook> pairs_;  // a deque: a PairBook never moves
   std::unordered_map<uint64_t, BytesRef> received_;                  // what crossed, by SendRef
   std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds

@@ -50,6 +50,51 @@ class PyClock final : public ReleaseClock {
   PyObject* tl_;
 };
 
+// An emulated send's bytes from Python (`payload(pair, step, nbytes)`: bytes-like, or
+// None for the book's own rule).
+class PySource final : public PayloadSource {
+ public:
+  explicit PySource(PyObject* fn) : fn_(fn) { Py_INCREF(fn_); }
+  ~PySource() override { Py_DECREF(fn_); }
+  PySource(const PySource&) = delete;
+  PySource& operator=(const PySource&) = delete;
+
+  BytesRef payload(size_t pair, int64_t step, int64_t nbytes) override {
+    PyObject* r = PyObject_CallFunction(fn_, "nLL", static_cast<Py_ssize_t>(pair), static_cast<long long>(step),
+                                        static_cast<long long>(nbytes));
+    if (r == nullptr) throw PyErrorSet();
+    BytesRef ref;
+    const bool ok = r == Py_None || as_bytes_ref(r, &ref);
+    Py_DECREF(r);
+    if (!ok) throw PyErrorSet();
+    return ref;
+  }
+
+ private:
+  PyObject* fn_;
+};
+
+// A program that grows from Python (`extend(pair, send) -> bool`).
+class PyExtension final : public ProgramExtension {
+ public:
+  explicit PyExtension(PyObject* fn) : fn_(fn) { Py_INCREF(fn_); }
+  ~PyExtension() override { Py_DECREF(fn_); }
+  PyExtension(const PyExtension&) = delete;
+  PyExtension& operator=(const PyExtension&) = delete;
+
+  bool extend(size_t pair, bool send) override {
+    PyObject* r = PyObject_CallFunction(fn_, "nO", static_cast<Py_ssize_t>(pair), send ? Py_True : Py_False);
+    if (r == nullptr) throw PyErrorSet();
+    const int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (yes < 0) throw PyErrorSet();
+    return yes == 1;
+  }
+
+ private:
+  PyObject* fn_;
+};
+
 struct Timer {
   double at;
   uint64_t seq;
@@ -191,6 +236,17 @@ bool run_book(BookObject* b, F&& body) {
   return apply(b, a);
 }
 
+// Runs `body` on a live book (holding it: its hooks may drop the last other reference).
+template <typename F>
+PyObject* book_call(BookObject* self, F&& body) {
+  if (self->finished) Py_RETURN_NONE;
+  Py_INCREF(self);
+  const bool ok = run_book(self, body);
+  Py_DECREF(self);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
 PyObject* core_next_deadline(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   if (self->heap == nullptr || self->heap->empty()) Py_RETURN_NONE;
@@ -223,12 +279,12 @@ PyMethodDef core_methods[] = {
 
 // -- Book ------------------------------------------------------------------------------
 int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"core", "owner", "name", "slot", "timeline", nullptr};
-  PyObject *core, *owner, *timeline;
+  static const char* kw[] = {"core", "owner", "name", "slot", "timeline", "payload", "extend", nullptr};
+  PyObject *core, *owner, *timeline, *payload = Py_None, *extend = Py_None;
   const char* name;
   unsigned long long slot;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OsKO", const_cast<char**>(kw), &CoreType, &core, &owner, &name,
-                                   &slot, &timeline)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OsKO|OO", const_cast<char**>(kw), &CoreType, &core, &owner,
+                                   &name, &slot, &timeline, &payload, &extend)) {
     return -1;
   }
   auto* self = reinterpret_cast<BookObject*>(obj);
@@ -239,7 +295,11 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   try {
     std::shared_ptr<ReleaseClock> clock;
     if (timeline != Py_None) clock = std::make_shared<PyClock>(timeline);
-    self->book = new Book(name, slot, std::move(clock));
+    std::shared_ptr<PayloadSource> source;
+    if (payload != Py_None) source = std::make_shared<PySource>(payload);
+    std::shared_ptr<ProgramExtension> extension;
+    if (extend != Py_None) extension = std::make_shared<PyExtension>(extend);
+    self->book = new Book(name, slot, std::move(clock), std::move(source), std::move(extension));
     self->conns = new std::vector<PyObject*>();
     self->pairs = new std::vector<PairObject*>();
   } catch (const std::bad_alloc&) {
@@ -455,18 +515,57 @@ PyObject* book_due(PyObject* obj, PyObject* args) {
   Py_ssize_t i;
   double now;
   if (!book_ready(self) || !PyArg_ParseTuple(args, "nd", &i, &now) || !valid_pair(self, i)) return nullptr;
-  if (self->finished) Py_RETURN_NONE;
-  Py_INCREF(obj);
-  const bool ok = run_book(self, [&](Actions& a) { self->book->due(static_cast<size_t>(i), now, a); });
-  Py_DECREF(obj);
-  if (!ok) return nullptr;
+  return book_call(self, [&](Actions& a) { self->book->due(static_cast<size_t>(i), now, a); });
+}
+
+PyObject* book_post(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  const Py_ssize_t i = PyLong_AsSsize_t(arg);
+  if (!book_ready(self) || (i == -1 && PyErr_Occurred()) || !valid_pair(self, i)) return nullptr;
+  return book_call(self, [&](Actions& a) { self->book->post(static_cast<size_t>(i), a); });
+}
+
+PyObject* book_arrive(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  long long rank, step;
+  double now;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "LLd", &rank, &step, &now)) return nullptr;
+  return book_call(self, [&](Actions& a) { self->book->arrive(SendRef{rank, step}, now, a); });
+}
+
+PyObject* book_hold(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  const long long n = PyLong_AsLongLong(arg);
+  if (!book_ready(self) || (n == -1 && PyErr_Occurred())) return nullptr;
+  self->book->hold(n);
   Py_RETURN_NONE;
+}
+
+PyObject* book_settle(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  long long n;
+  double now;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "Ld", &n, &now)) return nullptr;
+  return book_call(self, [&](Actions& a) { self->book->settle(n, now, a); });
+}
+
+PyObject* book_received(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  long long rank, step;
+  if (!book_ready(self) || !PyArg_ParseTuple(args, "LL", &rank, &step)) return nullptr;
+  BytesRef ref = self->book->received(SendRef{rank, step});
+  if (!ref) {
+    PyErr_Format(PyExc_KeyError, "real rank %lld's send at step %lld has not crossed", rank, step);
+    return nullptr;
+  }
+  return payload_wrap(std::move(ref));
 }
 
 PyObject* book_close(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   unroute(self);
   self->finished = true;
+  if (self->book != nullptr) self->book->drop_hooks();
   Py_CLEAR(self->owner);
   Py_RETURN_NONE;
 }
@@ -528,6 +627,12 @@ PyMethodDef book_methods[] = {
      "connect(pair, conn): the pair's connection is open: post its receives, take its frames natively."},
     {"on_event", book_on_event, METH_VARARGS, "on_event(pair, event, now): a frame the driver read in Python."},
     {"due", book_due, METH_VARARGS, "due(pair, now): a release timer for the pair fired."},
+    {"post", book_post, METH_O, "post(pair): post the receives the program gained, on a connected pair."},
+    {"arrive", book_arrive, METH_VARARGS,
+     "arrive(rank, step, now): something sends wait on, not a boundary message, is in (a mirrored input)."},
+    {"hold", book_hold, METH_O, "hold(n): n placeholders to settle before the instance is done."},
+    {"settle", book_settle, METH_VARARGS, "settle(n, now): n placeholders settled."},
+    {"received", book_received, METH_VARARGS, "received(rank, step) -> Payload: a real send's bytes."},
     {"close", book_close, METH_NOARGS, "close(): stop taking frames; drop the owner."},
     {"rank_times", book_rank_times, METH_NOARGS, "rank_times() -> {real rank: (first frame, last crossed)}."},
     {"take_lateness", book_take_lateness, METH_NOARGS, "take_lateness() -> [seconds]: how late each timed release left."},

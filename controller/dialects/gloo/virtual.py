@@ -115,7 +115,6 @@ class VirtualRun:
         real: list[int],
         timing: ReleaseTiming | None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
-        native: bool = True,
     ) -> None:
         if len(real) != 1:
             raise NotImplementedError("the virtual driver plays one real rank per group for now")
@@ -135,7 +134,6 @@ class VirtualRun:
             timing=timing,
             call_at=self.loop.call_at,
             clock=lambda: self.loop.now,
-            native=native,
         )
         self._tag = itertools.count()
 
