@@ -245,10 +245,13 @@ def png(doc: dict, path: Path, window: tuple[float, float] | None = None) -> Non
 def export_main(argv: list[str]) -> int:
     from .cli import ArgParser
 
-    p = ArgParser(prog="neuronabox export", description="Write a run's trace as Chrome trace JSON or a PNG timeline.")
+    p = ArgParser(
+        prog="neuronabox export",
+        description="Write a run's trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table or a PNG.",
+    )
     p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
-    p.add_argument("--format", required=True, choices=["chrome", "png", "nccl-tests"])
-    p.add_argument("--out", help="output file (default: TRACE with .json or .png)")
+    p.add_argument("--format", required=True, choices=["chrome", "chakra", "png", "nccl-tests"])
+    p.add_argument("--out", help="output file (default: TRACE with .json, .png or .txt); chakra: a folder")
     p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")
     p.add_argument("--window", help="png: FROM,TO in ms from the first event")
     ns = p.parse_args(argv)
@@ -260,6 +263,8 @@ def export_main(argv: list[str]) -> int:
     except tracefile.TraceError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
+    if ns.format == "chakra":
+        return _chakra(doc, Path(ns.out) if ns.out else Path(ns.trace).with_name(Path(ns.trace).stem + "-chakra"))
     suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt"}[ns.format]
     if ns.format == "nccl-tests" and ns.out is None:
         sys.stdout.write(nccl_tests(doc))
@@ -284,6 +289,30 @@ def export_main(argv: list[str]) -> int:
             print(f"neuronabox: error: {exc}", file=sys.stderr)
             return 1
     print(f"wrote {out}")
+    return 0
+
+
+def _chakra(doc: dict, out: Path) -> int:
+    from . import chakra
+    from .simulate import program_of
+
+    if out.exists() and not out.is_dir():
+        print(f"neuronabox: error: --out {out} is a file; chakra writes a folder", file=sys.stderr)
+        return 2
+    prog = program_of(doc)
+    if not prog.ops:
+        print("neuronabox: error: the trace has no default-group collective of its lowest real rank", file=sys.stderr)
+        return 1
+    try:
+        files = chakra.write(prog, out)
+    except OSError as exc:
+        print(f"neuronabox: error: {out}: {exc.strerror}", file=sys.stderr)
+        return 2
+    skipped = ", ".join(f"{n} {k}" for k, n in sorted(prog.skipped.items()))
+    print(f"wrote {len(files) - 1} .et files ({len(prog.ops)} collectives each) and {files[-1]}")
+    if skipped:
+        print(f"not in the program (subgroups and kinds the replay skips): {skipped}")
+    print(f"ASTRA-sim: --workload-configuration={out / 'trace'} --comm-group-configuration={files[-1]}")
     return 0
 
 

@@ -86,6 +86,16 @@ def program_of(doc: dict) -> Program:
     return Program(rank, doc["world_size"], ops, steps, skipped)
 
 
+def follows(prev: Op, op: Op) -> tuple[bool, float]:
+    """How the recorded program entered `op` after `prev`: (True, gap) `gap` seconds
+    after `prev` ended, or (False, offset) `offset` seconds after `prev` was entered,
+    while it was in flight (DDP's overlapping buckets). The replay and the Chakra
+    export keep this one rule."""
+    if op.start < prev.end:
+        return False, op.start - prev.start
+    return True, op.start - prev.end
+
+
 def schedule_for(op: Op, recorded_world: int, world: int) -> tuple[Schedule, tuple[int, int] | None]:
     """The op's schedule at `world` ranks, and the observer's answer for an allreduce."""
     if op.kind is Kind.ALLREDUCE:
@@ -152,14 +162,18 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
         starts[i] = at
         run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, on_done=lambda sim, i=i: finished(i, sim))
         nxt = i + 1
-        if nxt < len(ops) and ops[nxt].start < op.end:  # entered while this one was in flight
-            launch(nxt, at + (ops[nxt].start - op.start))
+        if nxt < len(ops):
+            after_end, offset = follows(op, ops[nxt])
+            if not after_end:  # entered while this one was in flight
+                launch(nxt, at + offset)
 
     def finished(i: int, sim) -> None:
         ends[i] = (starts[i], sim.done)
         nxt = i + 1
-        if nxt < len(ops) and ops[nxt].start >= ops[i].end:
-            launch(nxt, sim.done + (ops[nxt].start - ops[i].end))
+        if nxt < len(ops):
+            after_end, gap = follows(ops[i], ops[nxt])
+            if after_end:
+                launch(nxt, sim.done + gap)
 
     if ops:
         launch(0, 0.0)

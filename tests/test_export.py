@@ -68,6 +68,35 @@ def test_png_export_draws_the_timeline(run, two_rank_trace, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
+def test_chakra_files_parse_back_one_per_rank_with_the_group_file(run, two_rank_trace, tmp_path):
+    from neuronabox import chakra
+    from neuronabox.chakra import et_pb2
+    from neuronabox.simulate import program_of
+
+    out = tmp_path / "et"
+    res = run("export", str(two_rank_trace), "--format", "chakra", "--out", str(out))
+    assert res.rc == 0, res.err
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"trace.{r}.et" for r in range(8)] + ["comm_group.json"])
+    assert json.loads((out / "comm_group.json").read_text()) == {"0": list(range(8))}
+    prog = program_of(load(two_rank_trace))
+    for r in range(8):
+        meta, nodes = chakra.read(out / f"trace.{r}.et")
+        assert meta.version == chakra.VERSION
+        assert [n.id for n in nodes] == list(range(len(nodes)))
+        colls = [n for n in nodes if n.type == et_pb2.COMM_COLL_NODE]
+        assert len(colls) == len(prog.ops)
+        for n, op in zip(colls, prog.ops, strict=True):
+            attrs = {a.name: a for a in n.attr}
+            assert attrs["comm_type"].WhichOneof("value") == "int64_val"
+            assert attrs["comm_type"].int64_val == chakra.COMM_TYPE[op.kind]
+            assert attrs["comm_size"].WhichOneof("value") == "int64_val" and attrs["comm_size"].int64_val == op.nbytes
+            assert attrs["pg_name"].string_val == "0"
+        for n in nodes:  # a DAG in file order: every dependency comes earlier
+            assert all(d < n.id for d in n.data_deps)
+        comps = [n for n in nodes if n.type == et_pb2.COMP_NODE]
+        assert comps and all(n.duration_micros > 0 for n in comps)
+
+
 def test_export_of_what_is_not_a_trace(run, tmp_path):
     bad = tmp_path / "x.jsonl"
     bad.write_text("hello\n")
