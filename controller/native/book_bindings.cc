@@ -7,8 +7,15 @@
 // in between. The Core runs the release timers natively for a live run, or hands them
 // to a Python `call_at` (the virtual-time driver); frames for a pair with no socket,
 // writes the socket could not take whole, and finished instances go to Python hooks.
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <new>
+#include <unordered_map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,14 +110,25 @@ struct Timer {
   bool operator>(const Timer& o) const { return at != o.at ? at > o.at : seq > o.seq; }
 };
 
+// A pair socket the core's loop reads.
+struct Watched {
+  PyObject* conn;  // strong
+  PairObject* pair;  // strong
+  std::string label;  // names the pair in a wire error
+  bool writing;  // EPOLLOUT is on: frames wait for the socket
+};
+
 struct CoreObject {
   PyObject_HEAD
   std::vector<Timer>* heap;  // a min-heap (std::greater)
+  int ep;  // the loop's epoll (-1 until the first watch)
+  std::unordered_map<int, Watched>* watched;  // fd -> its pair
   uint64_t seq;
   PyObject* done;     // done(owner): every boundary message of the owner's instance crossed
   PyObject* emit;     // emit(conn): frames queued on a pair with no socket
   PyObject* blocked;  // blocked(conn) or None: a native write left frames queued
   PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (run_due)
+  int pyfd;  // Python's own epoll, in ours (also())
 };
 
 struct BookObject {
@@ -135,8 +153,13 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  if (self->heap == nullptr) self->heap = new (std::nothrow) std::vector<Timer>();
   if (self->heap == nullptr) {
+    self->heap = new (std::nothrow) std::vector<Timer>();
+    self->watched = new (std::nothrow) std::unordered_map<int, Watched>();
+    self->ep = -1;
+    self->pyfd = -1;
+  }
+  if (self->heap == nullptr || self->watched == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -158,8 +181,30 @@ void core_dealloc(PyObject* obj) {
     for (Timer& t : *self->heap) Py_DECREF(t.book);
     delete self->heap;
   }
+  if (self->watched != nullptr) {
+    for (auto& [fd, w] : *self->watched) {
+      Py_DECREF(w.conn);
+      Py_DECREF(reinterpret_cast<PyObject*>(w.pair));
+    }
+    delete self->watched;
+  }
+  if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->blocked, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
+}
+
+// The loop writes the rest when the socket can take it; false if the core does not watch `fd`.
+bool want_write(CoreObject* core, int fd) {
+  auto it = core->watched->find(fd);
+  if (it == core->watched->end()) return false;
+  if (!it->second.writing) {
+    struct epoll_event ev {};
+    ev.events = EPOLLIN | EPOLLOUT;
+    ev.data.fd = fd;
+    ::epoll_ctl(core->ep, EPOLL_CTL_MOD, fd, &ev);
+    it->second.writing = true;
+  }
+  return true;
 }
 
 bool call1(PyObject* fn, PyObject* arg) {
@@ -200,8 +245,10 @@ bool apply(BookObject* b, Actions& a) {
       continue;
     }
     int err = 0;
-    if (po->pair->outbox().flush(po->fd, &err) != FlushResult::kDone && core->blocked != Py_None) {
-      if (!call1(core->blocked, conn)) return false;  // the driver waits for the socket (or sees it gone)
+    if (po->pair->outbox().flush(po->fd, &err) != FlushResult::kDone) {
+      if (!want_write(core, po->fd) && core->blocked != Py_None && !call1(core->blocked, conn)) {
+        return false;  // the driver waits for the socket (or sees it gone)
+      }
     }
   }
   if (a.complete && !b->finished) {
@@ -253,10 +300,8 @@ PyObject* core_next_deadline(PyObject* obj, PyObject*) {
   return PyFloat_FromDouble(self->heap->front().at);
 }
 
-PyObject* core_run_due(PyObject* obj, PyObject* arg) {
-  auto* self = reinterpret_cast<CoreObject*>(obj);
-  const double now = PyFloat_AsDouble(arg);
-  if (now == -1.0 && PyErr_Occurred()) return nullptr;
+// Runs the native timers due by `now`; -1 with a Python error set.
+long run_timers(CoreObject* self, double now) {
   long ran = 0;
   while (self->heap != nullptr && !self->heap->empty() && self->heap->front().at <= now) {
     std::pop_heap(self->heap->begin(), self->heap->end(), std::greater<Timer>());
@@ -265,15 +310,220 @@ PyObject* core_run_due(PyObject* obj, PyObject* arg) {
     auto* b = reinterpret_cast<BookObject*>(t.book);
     const bool ok = b->finished || run_book(b, [&](Actions& a) { b->book->due(t.pair, now, a); });
     Py_DECREF(t.book);
-    if (!ok) return nullptr;
+    if (!ok) return -1;
     ++ran;
   }
-  return PyLong_FromLong(ran);
+  return ran;
+}
+
+PyObject* core_run_due(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const double now = PyFloat_AsDouble(arg);
+  if (now == -1.0 && PyErr_Occurred()) return nullptr;
+  const long ran = run_timers(self, now);
+  return ran < 0 ? nullptr : PyLong_FromLong(ran);
+}
+
+double monotonic() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // Python's time.monotonic()
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+bool ensure_epoll(CoreObject* self) {
+  if (self->ep >= 0) return true;
+  self->ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (self->ep < 0) {
+    PyErr_SetFromErrno(PyExc_OSError);
+    return false;
+  }
+  return true;
+}
+
+bool ctl(CoreObject* self, int op, int fd, uint32_t events) {
+  struct epoll_event ev {};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (::epoll_ctl(self->ep, op, fd, &ev) != 0) {
+    PyErr_SetFromErrno(PyExc_OSError);
+    return false;
+  }
+  return true;
+}
+
+PyObject* core_watch(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  int fd;
+  PyObject* conn;
+  const char* label;
+  if (!PyArg_ParseTuple(args, "iOs", &fd, &conn, &label) || !ensure_epoll(self)) return nullptr;
+  PyObject* pair = PyObject_GetAttrString(conn, "pair");
+  if (pair == nullptr) return nullptr;
+  if (!PyObject_TypeCheck(pair, &PairType)) {
+    Py_DECREF(pair);
+    PyErr_SetString(PyExc_TypeError, "a watched connection must carry a native pair (conn.pair)");
+    return nullptr;
+  }
+  if (self->watched->count(fd) != 0 || !ctl(self, EPOLL_CTL_ADD, fd, EPOLLIN)) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "fd %d is watched already", fd);
+    Py_DECREF(pair);
+    return nullptr;
+  }
+  Py_INCREF(conn);
+  (*self->watched)[fd] = Watched{conn, reinterpret_cast<PairObject*>(pair), label, false};
+  Py_RETURN_NONE;
+}
+
+PyObject* core_unwatch(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const int fd = PyLong_AsLong(arg);
+  if (fd == -1 && PyErr_Occurred()) return nullptr;
+  auto it = self->watched->find(fd);
+  if (it == self->watched->end()) Py_RETURN_FALSE;
+  ::epoll_ctl(self->ep, EPOLL_CTL_DEL, fd, nullptr);  // a closed fd has left the set already
+  Watched w = it->second;
+  self->watched->erase(it);
+  Py_DECREF(w.conn);
+  Py_DECREF(reinterpret_cast<PyObject*>(w.pair));
+  Py_RETURN_TRUE;
+}
+
+PyObject* core_write_wanted(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const int fd = PyLong_AsLong(arg);
+  if (fd == -1 && PyErr_Occurred()) return nullptr;
+  return PyBool_FromLong(want_write(self, fd));
+}
+
+PyObject* core_also(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const int fd = PyLong_AsLong(arg);
+  if ((fd == -1 && PyErr_Occurred()) || !ensure_epoll(self)) return nullptr;
+  if (!ctl(self, EPOLL_CTL_ADD, fd, EPOLLIN)) return nullptr;
+  self->pyfd = fd;
+  Py_RETURN_NONE;
+}
+
+constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this close to a timer, then poll
+constexpr int kMaxEvents = 64;
+
+// One pair socket's readiness, served natively; what Python must see goes into `out`.
+bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
+  auto it = self->watched->find(fd);
+  if (it == self->watched->end()) return true;
+  Watched w = it->second;  // the hooks below may unwatch it: hold what this call uses
+  Py_INCREF(w.conn);
+  Py_INCREF(reinterpret_cast<PyObject*>(w.pair));
+  bool ok = true;
+  PyObject* got = nullptr;
+  if (events & EPOLLOUT) {
+    int err = 0;
+    switch (w.pair->pair->outbox().flush(fd, &err)) {
+      case FlushResult::kDone:
+        if (self->watched->count(fd) != 0) {
+          (*self->watched)[fd].writing = false;
+          struct epoll_event ev {};
+          ev.events = EPOLLIN;
+          ev.data.fd = fd;
+          ::epoll_ctl(self->ep, EPOLL_CTL_MOD, fd, &ev);
+        }
+        break;
+      case FlushResult::kPartial:
+        break;
+      default:
+        got = Py_None;  // gone
+        Py_INCREF(got);
+    }
+  }
+  if (got == nullptr && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+    got = read_pair(w.pair, fd);
+    if (got == nullptr) {
+      ok = false;
+      if (PyErr_ExceptionMatches(g_wire_error)) {  // name the pair, as the wire cannot
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
+        PyErr_Format(g_wire_error, "%s: %U", w.label.c_str(), text != nullptr ? text : Py_None);
+        Py_XDECREF(text);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+      }
+    }
+  }
+  if (ok && got != nullptr && (got == Py_None || PyList_GET_SIZE(got) > 0)) {
+    PyObject* item = PyTuple_Pack(2, w.conn, got);
+    ok = item != nullptr && PyList_Append(out, item) == 0;
+    Py_XDECREF(item);
+  }
+  Py_XDECREF(got);
+  Py_DECREF(w.conn);
+  Py_DECREF(reinterpret_cast<PyObject*>(w.pair));
+  return ok;
+}
+
+// wait(until) -> ([(conn, events | None)], python): serve the pair sockets and the
+// native timers until Python has something to do: events no book took (None: the
+// socket closed), its own epoll readable, or `until` (monotonic) reached.
+PyObject* core_wait(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const double until = PyFloat_AsDouble(arg);
+  if ((until == -1.0 && PyErr_Occurred()) || !ensure_epoll(self)) return nullptr;
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  bool python = false;
+  struct epoll_event evs[kMaxEvents];
+  for (;;) {
+    const double now = monotonic();
+    if (run_timers(self, now) < 0) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    if (python || PyList_GET_SIZE(out) > 0 || now >= until) break;
+    double next = until;
+    if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
+    const double wait = next - monotonic();
+    const int ms = wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ::epoll_wait(self->ep, evs, kMaxEvents, ms);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+      if (errno == EINTR) {
+        if (PyErr_CheckSignals() != 0) {
+          Py_DECREF(out);
+          return nullptr;
+        }
+        continue;
+      }
+      Py_DECREF(out);
+      return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == self->pyfd) {
+        python = true;
+      } else if (!serve(self, evs[i].data.fd, evs[i].events, out)) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+    }
+  }
+  PyObject* result = Py_BuildValue("(OO)", out, python ? Py_True : Py_False);
+  Py_DECREF(out);
+  return result;
 }
 
 PyMethodDef core_methods[] = {
     {"next_deadline", core_next_deadline, METH_NOARGS, "next_deadline() -> float | None: the earliest native timer."},
     {"run_due", core_run_due, METH_O, "run_due(now) -> int: run the native timers due by `now`."},
+    {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
+    {"unwatch", core_unwatch, METH_O, "unwatch(fd) -> bool: stop (before the socket closes)."},
+    {"write_wanted", core_write_wanted, METH_O,
+     "write_wanted(fd) -> bool: frames wait for the watched socket; the loop writes them when it can."},
+    {"also", core_also, METH_O, "also(fd): Python's own epoll; wait() returns when it is readable."},
+    {"wait", core_wait, METH_O,
+     "wait(until) -> ([(conn, events | None)], python): run the pair sockets and native timers natively until "
+     "Python has events, its own epoll is readable, or `until` (monotonic seconds)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -253,11 +253,9 @@ PyObject* pair_receive(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
-PyObject* pair_read(PyObject* obj, PyObject* arg) {
-  auto* self = reinterpret_cast<PairObject*>(obj);
-  if (!ready(self)) return nullptr;
-  const int fd = PyLong_AsLong(arg);
-  if (fd == -1 && PyErr_Occurred()) return nullptr;
+}  // namespace
+
+PyObject* nbx::py::read_pair(PairObject* self, int fd) {
   return guarded([&]() -> PyObject* {
     std::vector<Event> events;
     size_t total = 0;
@@ -285,6 +283,16 @@ PyObject* pair_read(PyObject* obj, PyObject* arg) {
     if (closed && events.empty()) Py_RETURN_NONE;  // else the close shows on the next read
     return nbx::py::dispatch(self, events, monotonic_now());
   });
+}
+
+namespace {
+
+PyObject* pair_read(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<PairObject*>(obj);
+  if (!ready(self)) return nullptr;
+  const int fd = PyLong_AsLong(arg);
+  if (fd == -1 && PyErr_Occurred()) return nullptr;
+  return nbx::py::read_pair(self, fd);
 }
 
 PyObject* pair_flush(PyObject* obj, PyObject* arg) {

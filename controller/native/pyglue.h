@@ -42,6 +42,10 @@ bool as_bytes_ref(PyObject* obj, BytesRef* out);
 // the dialect's Python events (nullptr with a Python error set on failure).
 PyObject* dispatch(PairObject* pair, std::vector<gloo::Event>& events, double now);
 
+// Receives what the socket has for the pair and dispatches it: the events no book
+// takes, None once the socket closed, nullptr with a Python error set.
+PyObject* read_pair(PairObject* pair, int fd);
+
 // A Python error is set: unwinds through native code to the binding that returns it.
 struct PyErrorSet {};
 

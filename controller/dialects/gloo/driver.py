@@ -1,9 +1,17 @@
-"""The socket side of the Gloo dialect: one selector loop, one listener, many pairs.
+"""The socket side of the Gloo dialect: one loop, one listener, many pairs.
 
 The controller dials real ranks (its listener address compares larger, see
 `wire.dialer_is_local`) and also accepts, routing incoming sockets by the
-8-byte sequence number the dialer writes first. Bytes go through each pair's
-`GlooPair` machine and the events to the engine; nothing here knows schedules.
+8-byte sequence number the dialer writes first. Nothing here knows schedules.
+
+The loop is the engine's native core (`Core.wait`): it reads every pair socket
+in C++, hands each frame of a collective its book runs to that book natively,
+writes what the book sends and runs the release timers (epoll to within 1.5 ms
+of one, then a busy poll). It comes back to Python only with what Python must
+see (frames of collectives whose shape is not known yet, point-to-point traffic,
+a closed pair) or when Python's own epoll, nested in the core's, is readable:
+the listener, the wake-up socket of `call_soon`, the observer link, sockets
+still naming their pair, and the timers Python keeps (`call_at`).
 
 Any local process can connect to the listener, so an accepted socket becomes a
 pair only for a sequence number the controller expects (`expect`), once; one that
@@ -25,15 +33,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from ...book import Core
 from ...engine import Engine
 from ...groups import Conn
 from ...net import listener
-from .protocol import WireError
 from .wire import SEQ
 
-# epoll sleeps in whole milliseconds, rounded up: sleep until this close to a timer,
-# then poll without blocking (busy-wait) so releases land within microseconds.
-SPIN_S = 0.0015
 HANDSHAKE_TIMEOUT_S = 5.0  # a dialer writes its 8-byte sequence number as it connects
 
 
@@ -63,6 +68,9 @@ class Poller:
             raise KeyError(fd)
         self._ep.unregister(fd)
 
+    def fileno(self) -> int:
+        return self._ep.fileno()
+
     def select(self, timeout: float) -> list[tuple[object, object, int]]:
         data = self._data
         return [(*data[fd], ev) for fd, ev in self._ep.poll(timeout) if fd in data]
@@ -72,20 +80,23 @@ class Poller:
 
 
 class _Sock:
-    __slots__ = ("sock", "fd", "conn", "want_write", "seq_needed", "inbuf", "peer")
+    __slots__ = ("sock", "fd", "conn", "seq_needed", "inbuf", "peer")
 
     def __init__(self, sock: socket.socket, conn: Conn | None, peer: str = "") -> None:
         self.sock = sock
         self.fd = sock.fileno()
-        self.conn = conn
-        self.want_write = False
+        self.conn = conn  # set: a pair, which the core's loop reads; None: Python reads it
         self.seq_needed = conn is None  # accepted sockets start with the dialer's seq
         self.inbuf = b""
         self.peer = peer  # an accepted socket's remote address, for the log
 
 
+def _label(conn: Conn) -> str:
+    return f"real rank {conn.real} <-> emulated rank {conn.emu} of group {conn.group.name!r}"
+
+
 class GlooDriver:
-    """Runs the selector loop; other threads talk to it only through `call_soon`."""
+    """Runs the loop; other threads talk to it only through `call_soon`."""
 
     def __init__(self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str) -> None:
         self.sel = Poller()
@@ -106,7 +117,8 @@ class GlooDriver:
         self.log: Callable[[str], None] = lambda what: print(what, file=sys.stderr, flush=True)
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
-        self.core = getattr(self.engine, "core", None)  # the native books' timers, run from this loop
+        self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
+        self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
         self.on_open: Callable[[Conn], None] | None = None
@@ -148,15 +160,10 @@ class GlooDriver:
         while timers and timers[0][0] <= now:
             heapq.heappop(timers)[2]()
 
-    def _timeout(self) -> float:
-        first = self._timers[0][0] if self._timers else None
-        native = self.core.next_deadline() if self.core is not None else None
-        if native is not None and (first is None or native < first):
-            first = native
-        if first is None:
-            return 0.5
-        wait = first - time.monotonic()
-        return min(0.5, wait - SPIN_S) if wait > SPIN_S else 0.0
+    def _until(self) -> float:
+        """When the loop must come back to Python: its first timer, or the periodic turn."""
+        until = self._next_periodic if self.periodic is not None else time.monotonic() + 0.5
+        return min(until, self._timers[0][0]) if self._timers else until
 
     # -- pairs --------------------------------------------------------------------
     def dial(self, conn: Conn, host: str, port: int, seq: int) -> None:
@@ -166,19 +173,18 @@ class GlooDriver:
         entry = _Sock(s, conn)
         self.socks[conn] = entry
         conn.pair.fd = entry.fd  # a native book writes it directly
-        self.sel.register(s, Poller.READ, entry)
+        self.core.watch(entry.fd, conn, _label(conn))
         conn.pair.raw(SEQ.pack(seq))
         self.write(conn)
         if self.on_open:
             self.on_open(conn)
 
     def blocked(self, conn: Conn) -> None:
-        """A native write left `conn`'s frames queued: write the rest when the socket can
-        take them (or see it gone)."""
+        """A write left `conn`'s frames queued: the core's loop writes the rest when the
+        socket can take them (or sees it gone)."""
         entry = self.socks.get(conn)
-        if entry is not None and not entry.want_write:
-            entry.want_write = True
-            self.sel.modify(entry.sock, Poller.READ | Poller.WRITE, entry)
+        if entry is not None:
+            self.core.write_wanted(entry.fd)
 
     def expect(self, seq: int, conn: Conn) -> None:
         """A real rank dials in for `conn`, writing `seq` (loop thread)."""
@@ -195,7 +201,7 @@ class GlooDriver:
         entry = self.socks.get(conn)
         if entry is None:
             raise ConnectionError(f"no connection from emulated rank {conn.emu} to real rank {conn.real}")
-        if not entry.want_write and entry not in self._dirty_set:
+        if entry not in self._dirty_set:
             self._dirty_set.add(entry)
             self._dirty.append(entry)
 
@@ -203,8 +209,7 @@ class GlooDriver:
         dirty, self._dirty = self._dirty, []
         self._dirty_set.clear()
         for entry in dirty:
-            if not entry.want_write:
-                self._flush(entry)
+            self._flush(entry)
 
     def close_all(self) -> None:
         for entry in list(self.socks.values()):
@@ -224,10 +229,11 @@ class GlooDriver:
         self.sel.close()
 
     def _drop(self, entry: _Sock) -> None:
-        try:
-            self.sel.unregister(entry.sock)
-        except (KeyError, ValueError):
-            pass
+        if not self.core.unwatch(entry.fd):
+            try:
+                self.sel.unregister(entry.sock)
+            except (KeyError, ValueError):
+                pass
         try:
             entry.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         except OSError:
@@ -241,23 +247,22 @@ class GlooDriver:
     def run(self) -> None:
         try:
             while self.running:
-                for fileobj, data, mask in self.sel.select(self._timeout()):
-                    if data.__class__ is _Sock:
-                        if mask & Poller.WRITE:
-                            self._flush(data)
-                        if mask & ~Poller.WRITE:  # readable, or hung up: read tells which
+                frames, python = self.core.wait(self._until())
+                for conn, events in frames:
+                    self._frames(conn, events)
+                if python:
+                    for fileobj, data, mask in self.sel.select(0):
+                        if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
                             self._read(data)
-                    elif data is None:
-                        self._accept()
-                    elif data == "wake":
-                        self._drain_wake()
-                    else:
-                        self.extra[fileobj](mask)
+                        elif data is None:
+                            self._accept()
+                        elif data == "wake":
+                            self._drain_wake()
+                        else:
+                            self.extra[fileobj](mask)
                 self._drain_calls()
                 if self._timers:
                     self._run_timers()
-                if self.core is not None:
-                    self.core.run_due(time.monotonic())
                 if self._dirty:
                     self._flush_dirty()
                 now = time.monotonic()
@@ -318,29 +323,26 @@ class GlooDriver:
         except OSError:
             self._drop(entry)
             return
-        if entry.want_write == done:  # blocked now, or unblocked: wake on writable only while blocked
-            entry.want_write = not done
-            self.sel.modify(entry.sock, Poller.READ | Poller.WRITE if entry.want_write else Poller.READ, entry)
+        if not done:  # the core's loop writes the rest when the socket can take it
+            self.core.write_wanted(entry.fd)
 
-    def _read(self, entry: _Sock) -> None:
-        if entry.conn is None:
-            if entry.seq_needed:
-                self._read_seq(entry)
-            else:  # parked (not read): the dialer hung up or reset
-                self._refuse(entry, "closed while waiting for its pair")
-            return
-        conn = entry.conn
-        try:
-            events = conn.pair.read(entry.fd)
-        except WireError as exc:
-            where = f"real rank {conn.real} <-> emulated rank {conn.emu} of group {conn.group.name!r}"
-            raise WireError(f"{where}: {exc}") from None
+    def _frames(self, conn: Conn, events: list | None) -> None:
+        """What the core's loop read on a pair and no book took (None: the socket closed)."""
         if events is None:
-            self._drop(entry)
+            entry = self.socks.get(conn)
+            if entry is not None:
+                self._drop(entry)
             return
         engine = self.engine
         for ev in events:
             engine.on_event(conn, ev)
+
+    def _read(self, entry: _Sock) -> None:
+        """An accepted socket that names no pair yet."""
+        if entry.seq_needed:
+            self._read_seq(entry)
+        else:  # parked (not read): the dialer hung up or reset
+            self._refuse(entry, "closed while waiting for its pair")
 
     def _read_seq(self, entry: _Sock) -> None:
         """An accepted socket's first 8 bytes: the dialer's sequence number names its pair."""
@@ -374,7 +376,8 @@ class GlooDriver:
         entry.conn = conn
         self.socks[conn] = entry
         conn.pair.fd = entry.fd
-        self.sel.modify(entry.sock, Poller.READ, entry)
+        self.sel.unregister(entry.sock)
+        self.core.watch(entry.fd, conn, _label(conn))
         if self.on_open:
             self.on_open(conn)
 
