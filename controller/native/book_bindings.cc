@@ -28,18 +28,36 @@ namespace {
 
 PyObject* g_protocol_error = nullptr;
 
+// A strong reference to a Python object, dropped with its holder (books are freed
+// with the GIL held).
+class PyRef {
+ public:
+  explicit PyRef(PyObject* obj) : obj_(obj) { Py_INCREF(obj_); }
+  ~PyRef() { Py_DECREF(obj_); }
+  PyRef(const PyRef&) = delete;
+  PyRef& operator=(const PyRef&) = delete;
+  PyObject* get() const { return obj_; }
+
+  // Calls with Py_BuildValue's `format`; the result (never null: a Python error throws).
+  template <typename... A>
+  PyObject* call(const char* format, A... args) const {
+    PyObject* r = PyObject_CallFunction(obj_, format, args...);
+    if (r == nullptr) throw PyErrorSet();
+    return r;
+  }
+
+ private:
+  PyObject* obj_;
+};
+
 // The instance's timeline (the schedules' timing model), asked through its Python
 // methods: native timelines answer those in C++, and a release is asked once per message.
 class PyClock final : public ReleaseClock {
  public:
-  explicit PyClock(PyObject* timeline) : tl_(timeline) { Py_INCREF(tl_); }
-  ~PyClock() override { Py_DECREF(tl_); }  // books are freed with the GIL held
-  PyClock(const PyClock&) = delete;
-  PyClock& operator=(const PyClock&) = delete;
+  PyClock(PyObject* release, PyObject* real_sent) : release_(release), sent_(real_sent) {}
 
   double release(int64_t emu, int64_t step) override {
-    PyObject* r = PyObject_CallMethod(tl_, "release", "LL", static_cast<long long>(emu), static_cast<long long>(step));
-    if (r == nullptr) throw PyErrorSet();
+    PyObject* r = release_.call("LL", static_cast<long long>(emu), static_cast<long long>(step));
     const double t = PyFloat_AsDouble(r);
     Py_DECREF(r);
     if (t == -1.0 && PyErr_Occurred()) throw PyErrorSet();
@@ -47,29 +65,22 @@ class PyClock final : public ReleaseClock {
   }
 
   void real_sent(int64_t real, int64_t step, double t) override {
-    PyObject* r = PyObject_CallMethod(tl_, "real_sent", "LLd", static_cast<long long>(real),
-                                      static_cast<long long>(step), t);
-    if (r == nullptr) throw PyErrorSet();
-    Py_DECREF(r);
+    Py_DECREF(sent_.call("LLd", static_cast<long long>(real), static_cast<long long>(step), t));
   }
 
  private:
-  PyObject* tl_;
+  PyRef release_, sent_;  // the bound methods
 };
 
 // An emulated send's bytes from Python (`payload(pair, step, nbytes)`: bytes-like, or
 // None for the book's own rule).
 class PySource final : public PayloadSource {
  public:
-  explicit PySource(PyObject* fn) : fn_(fn) { Py_INCREF(fn_); }
-  ~PySource() override { Py_DECREF(fn_); }
-  PySource(const PySource&) = delete;
-  PySource& operator=(const PySource&) = delete;
+  explicit PySource(PyObject* fn) : fn_(fn) {}
 
   BytesRef payload(size_t pair, int64_t step, int64_t nbytes) override {
-    PyObject* r = PyObject_CallFunction(fn_, "nLL", static_cast<Py_ssize_t>(pair), static_cast<long long>(step),
-                                        static_cast<long long>(nbytes));
-    if (r == nullptr) throw PyErrorSet();
+    PyObject* r = fn_.call("nLL", static_cast<Py_ssize_t>(pair), static_cast<long long>(step),
+                           static_cast<long long>(nbytes));
     BytesRef ref;
     const bool ok = r == Py_None || as_bytes_ref(r, &ref);
     Py_DECREF(r);
@@ -78,20 +89,16 @@ class PySource final : public PayloadSource {
   }
 
  private:
-  PyObject* fn_;
+  PyRef fn_;
 };
 
 // A program that grows from Python (`extend(pair, send) -> bool`).
 class PyExtension final : public ProgramExtension {
  public:
-  explicit PyExtension(PyObject* fn) : fn_(fn) { Py_INCREF(fn_); }
-  ~PyExtension() override { Py_DECREF(fn_); }
-  PyExtension(const PyExtension&) = delete;
-  PyExtension& operator=(const PyExtension&) = delete;
+  explicit PyExtension(PyObject* fn) : fn_(fn) {}
 
   bool extend(size_t pair, bool send) override {
-    PyObject* r = PyObject_CallFunction(fn_, "nO", static_cast<Py_ssize_t>(pair), send ? Py_True : Py_False);
-    if (r == nullptr) throw PyErrorSet();
+    PyObject* r = fn_.call("nO", static_cast<Py_ssize_t>(pair), send ? Py_True : Py_False);
     const int yes = PyObject_IsTrue(r);
     Py_DECREF(r);
     if (yes < 0) throw PyErrorSet();
@@ -99,7 +106,7 @@ class PyExtension final : public ProgramExtension {
   }
 
  private:
-  PyObject* fn_;
+  PyRef fn_;
 };
 
 struct Timer {
@@ -544,7 +551,14 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   }
   try {
     std::shared_ptr<ReleaseClock> clock;
-    if (timeline != Py_None) clock = std::make_shared<PyClock>(timeline);
+    if (timeline != Py_None) {
+      PyObject* release = PyObject_GetAttrString(timeline, "release");
+      PyObject* sent = release != nullptr ? PyObject_GetAttrString(timeline, "real_sent") : nullptr;
+      if (sent != nullptr) clock = std::make_shared<PyClock>(release, sent);
+      Py_XDECREF(release);
+      Py_XDECREF(sent);
+      if (!clock) return -1;  // a timeline without release() and real_sent()
+    }
     std::shared_ptr<PayloadSource> source;
     if (payload != Py_None) source = std::make_shared<PySource>(payload);
     std::shared_ptr<ProgramExtension> extension;
