@@ -72,6 +72,7 @@ class Instance:
         self.predicted = 0.0
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
+        self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
 
     def _move(self, to: Phase) -> None:
         if to not in PHASE_MOVES[self.phase]:
@@ -213,10 +214,10 @@ class Instance:
         return self.payloads.payload(self.schedule, self.group.real, e, Msg(e, step, nbytes), content)
 
     def _pair_of(self, i: int) -> Pair:
-        for key, j in self.pairs.items():
-            if j == i:
-                return key
-        raise KeyError(i)
+        """The (real, emulated) pair at book index `i`: `pairs` is filled in index order."""
+        if len(self._keys) != len(self.pairs):
+            self._keys = list(self.pairs)
+        return self._keys[i]
 
     def _extend(self, pair: int, send: bool) -> bool:
         """A notice on a pair whose program has nothing left that way: a reduce's gather
