@@ -321,12 +321,10 @@ class Engine:
         request_input: Callable[[str, int, int], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         native_timers: bool = False,
-        blocked: Callable[[Conn], None] | None = None,
     ) -> None:
         """Each instance runs in a native book once its shape is known (controller/book.py).
         `native_timers`: the books' release timers wait in the native core, which the driver
-        runs (`core.next_deadline`, `core.run_due`), not through `call_at`; `blocked`
-        hears of a pair a native write could not finish."""
+        runs (`core.wait`), not through `call_at`."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -343,7 +341,7 @@ class Engine:
         self.instances: dict[tuple[str, int], Instance] = {}
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
         self.core = Core(
-            done=Instance.book_done, emit=emit, blocked=blocked, call_at=None if native_timers else self._book_timer
+            done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer
         )
 
     def _book_timer(self, when: float, book: Book, pair: int) -> None:

@@ -149,7 +149,6 @@ class Controller:
             data=self.cfg.data,
             request_input=self._request_input if self.cfg.observer else None,
             native_timers=True,
-            blocked=driver.blocked,
         )
 
     def _on_record(self, rec: InstanceRecord) -> None:

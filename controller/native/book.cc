@@ -104,7 +104,11 @@ void Book::post(size_t pair, Actions& out) {
 
 void Book::arrive(SendRef ref, double now, Actions& out) {
   received_.emplace(ref.key(), zeros(0));
-  auto it = waiting_.find(ref.key());
+  wake(ref.key(), now, out);
+}
+
+void Book::wake(uint64_t key, double now, Actions& out) {
+  auto it = waiting_.find(key);
   if (it == waiting_.end()) return;
   std::vector<PendingSend*> fed = std::move(it->second);
   waiting_.erase(it);
@@ -190,10 +194,10 @@ void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
     throw ProtocolFault(where(p, std::to_string(n) + " data bytes, schedule expects " + std::to_string(m.nbytes), m.step));
   }
   const SendRef ref{p.real, m.step};
-  received_[ref.key()] = payload;
+  received_[ref.key()] = std::move(payload);
   if (clock_) clock_->real_sent(p.real, m.step, now);
   crossed(p.real, now, out);
-  arrive(ref, now, out);
+  wake(ref.key(), now, out);
 }
 
 void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out) {

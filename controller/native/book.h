@@ -156,6 +156,7 @@ class Book {
   [[noreturn]] void unexpected(const PairBook& p, const char* frame, uint64_t length, bool send) const;
   int64_t check_len(const PairBook& p, const Expected& m, uint64_t length, const char* verb) const;
   void enter(int64_t real, double now);
+  void wake(uint64_t key, double now, Actions& out);  // frees the sends that waited on `key`
   void crossed(int64_t real, double now, Actions& out);
   void flush(size_t pair, double now, Actions& out);
   void send(PendingSend& p, double now, Actions& out);

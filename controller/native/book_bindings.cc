@@ -133,8 +133,7 @@ struct CoreObject {
   uint64_t seq;
   PyObject* done;     // done(owner): every boundary message of the owner's instance crossed
   PyObject* emit;     // emit(conn): frames queued on a pair with no socket
-  PyObject* blocked;  // blocked(conn) or None: a native write left frames queued
-  PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (run_due)
+  PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (wait)
   int pyfd;  // Python's own epoll, in ours (also())
 };
 
@@ -154,9 +153,9 @@ PyTypeObject BookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // -- Core ------------------------------------------------------------------------------
 int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"done", "emit", "blocked", "call_at", nullptr};
-  PyObject *done, *emit, *blocked = Py_None, *call_at = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO", const_cast<char**>(kw), &done, &emit, &blocked, &call_at)) {
+  static const char* kw[] = {"done", "emit", "call_at", nullptr};
+  PyObject *done, *emit, *call_at = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O", const_cast<char**>(kw), &done, &emit, &call_at)) {
     return -1;
   }
   auto* self = reinterpret_cast<CoreObject*>(obj);
@@ -170,14 +169,12 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     PyErr_NoMemory();
     return -1;
   }
-  for (PyObject** slot : {&self->done, &self->emit, &self->blocked, &self->call_at}) Py_CLEAR(*slot);
+  for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_INCREF(done);
   Py_INCREF(emit);
-  Py_INCREF(blocked);
   Py_INCREF(call_at);
   self->done = done;
   self->emit = emit;
-  self->blocked = blocked;
   self->call_at = call_at;
   return 0;
 }
@@ -196,7 +193,7 @@ void core_dealloc(PyObject* obj) {
     delete self->watched;
   }
   if (self->ep >= 0) ::close(self->ep);
-  for (PyObject** slot : {&self->done, &self->emit, &self->blocked, &self->call_at}) Py_CLEAR(*slot);
+  for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -253,9 +250,7 @@ bool apply(BookObject* b, Actions& a) {
     }
     int err = 0;
     if (po->pair->outbox().flush(po->fd, &err) != FlushResult::kDone) {
-      if (!want_write(core, po->fd) && core->blocked != Py_None && !call1(core->blocked, conn)) {
-        return false;  // the driver waits for the socket (or sees it gone)
-      }
+      want_write(core, po->fd);  // the loop writes the rest when it can (or sees the socket gone)
     }
   }
   if (a.complete && !b->finished) {
@@ -301,12 +296,6 @@ PyObject* book_call(BookObject* self, F&& body) {
   Py_RETURN_NONE;
 }
 
-PyObject* core_next_deadline(PyObject* obj, PyObject*) {
-  auto* self = reinterpret_cast<CoreObject*>(obj);
-  if (self->heap == nullptr || self->heap->empty()) Py_RETURN_NONE;
-  return PyFloat_FromDouble(self->heap->front().at);
-}
-
 // Runs the native timers due by `now`; -1 with a Python error set.
 long run_timers(CoreObject* self, double now) {
   long ran = 0;
@@ -321,14 +310,6 @@ long run_timers(CoreObject* self, double now) {
     ++ran;
   }
   return ran;
-}
-
-PyObject* core_run_due(PyObject* obj, PyObject* arg) {
-  auto* self = reinterpret_cast<CoreObject*>(obj);
-  const double now = PyFloat_AsDouble(arg);
-  if (now == -1.0 && PyErr_Occurred()) return nullptr;
-  const long ran = run_timers(self, now);
-  return ran < 0 ? nullptr : PyLong_FromLong(ran);
 }
 
 double monotonic() {
@@ -521,8 +502,6 @@ PyObject* core_wait(PyObject* obj, PyObject* arg) {
 }
 
 PyMethodDef core_methods[] = {
-    {"next_deadline", core_next_deadline, METH_NOARGS, "next_deadline() -> float | None: the earliest native timer."},
-    {"run_due", core_run_due, METH_O, "run_due(now) -> int: run the native timers due by `now`."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
     {"unwatch", core_unwatch, METH_O, "unwatch(fd) -> bool: stop (before the socket closes)."},
     {"write_wanted", core_write_wanted, METH_O,

@@ -179,13 +179,6 @@ class GlooDriver:
         if self.on_open:
             self.on_open(conn)
 
-    def blocked(self, conn: Conn) -> None:
-        """A write left `conn`'s frames queued: the core's loop writes the rest when the
-        socket can take them (or sees it gone)."""
-        entry = self.socks.get(conn)
-        if entry is not None:
-            self.core.write_wanted(entry.fd)
-
     def expect(self, seq: int, conn: Conn) -> None:
         """A real rank dials in for `conn`, writing `seq` (loop thread)."""
         entry = self._parked.pop(seq, None)
