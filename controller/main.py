@@ -447,6 +447,7 @@ class Controller:
             "real_ranks": self.cfg.real_ranks,
             "delay_model": self.cfg.delay_model,
             "topology": self.topology.name,
+            "topology_spec": topology.as_spec(self.topology),
             "boundary": self.cfg.boundary,
             "inject": self.timing.whatif.specs(),
             "data": self.cfg.data,

@@ -211,10 +211,9 @@ def run_simulation(
     if nnodes < 1 or nproc < 1:
         raise SimulateError("--nnodes and --nproc-per-node must be at least 1")
     world = nnodes * nproc
-    topo_name = topology_name or doc.get("topology") or "cpu-25gbe"
     model_name = model_name or doc.get("delay_model") or "alpha-beta"
     try:
-        topo = topology.load(topo_name).with_nodes(nnodes, nproc)
+        topo = recorded_topology(doc, topology_name).with_nodes(nnodes, nproc)
         model = delay_models.load(model_name, topo)
         whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
     except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
@@ -224,7 +223,8 @@ def run_simulation(
     writer = None
     if out:
         header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
-                  "delay_model": model_name, "topology": topo_name, "boundary": "modeled",
+                  "delay_model": model_name, "topology": topo.name, "boundary": "modeled",
+                  "topology_spec": topology.as_spec(topo),
                   "inject": whatif.specs(), "data": "zeros", "clock_anchor": {"monotonic": 0.0, "epoch": 0.0},
                   "simulated_from": str(Path(source).resolve())}  # fmt: skip
         writer = tracefile.TraceWriter(out, header)
@@ -242,7 +242,17 @@ def run_simulation(
             writer.step(prog.rank, t)
     if writer is not None:
         writer.close({"state": "stopped", "error": "", "inject": whatif.specs(), "release": {"timed_releases": 0}})
-    return sim, totals, report(sim, totals, world, prog, model_name, topo_name, whatif)
+    return sim, totals, report(sim, totals, world, prog, model_name, topo.name, whatif)
+
+
+def recorded_topology(doc: dict, name_or_file: str | None) -> topology.Topology:
+    """`--topology` when given; else the cluster the trace ran on, which it carries
+    whole (a file's topology replays without the file)."""
+    if name_or_file:
+        return topology.load(name_or_file)
+    if doc.get("topology_spec"):
+        return topology.from_dict(doc["topology_spec"], doc.get("topology") or "recorded")
+    return topology.load(doc.get("topology") or "cpu-25gbe")
 
 
 def load_trace(path: str) -> dict:

@@ -8,6 +8,6 @@ that path into time.
 from __future__ import annotations
 
 from .model import HostWork, LinkClass, Topology, TopologyError
-from .presets import PRESETS, load
+from .presets import PRESETS, as_spec, from_dict, load
 
-__all__ = ["HostWork", "LinkClass", "Topology", "TopologyError", "PRESETS", "load"]
+__all__ = ["HostWork", "LinkClass", "Topology", "TopologyError", "PRESETS", "as_spec", "from_dict", "load"]

@@ -145,6 +145,35 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def as_spec(topo: Topology) -> dict:
+    """The topology as `from_dict` reads it (bandwidths in B/s, latencies in s, with the
+    digits that read back to the same floats), so a trace carries the cluster it ran on,
+    preset or file, and replays without the file."""
+
+    def plain(x: float) -> str:  # digits the file format reads, enough to give the same float back
+        text = repr(x)
+        return text if "e" not in text else format(x, ".40f").rstrip("0")
+
+    def link(lc: LinkClass) -> dict:
+        return {"bandwidth": f"{plain(lc.bandwidth)}B/s", "latency": f"{plain(lc.latency)}s"}
+
+    spec = {
+        "name": topo.name,
+        "nodes": topo.nnodes,
+        "ranks_per_node": topo.ranks_per_node,
+        "links": {"intra": link(topo.intra), "inter": link(topo.inter)},
+        "switches": {"tiers": topo.switch_tiers, "nodes_per_switch": topo.nodes_per_switch},
+    }
+    work = {}
+    if topo.work.message:
+        work["message"] = f"{plain(topo.work.message)}s"
+    if topo.work.reduce_per_byte:
+        work["reduce"] = f"{plain(topo.work.reduce_bandwidth)}B/s"
+    if work:
+        spec["local_work"] = work
+    return spec
+
+
 def load(name_or_file: str) -> Topology:
     """A preset by name, or a YAML file by path."""
     if name_or_file in PRESETS:
