@@ -70,6 +70,7 @@ class Instance:
         self.buffered: list[tuple[Conn, Event]] = []  # frames before the shape is known
         self.timeline = None
         self.predicted = 0.0
+        self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
         self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
@@ -131,7 +132,8 @@ class Instance:
         self.shape.on_root(root)
         self._try_resolve()
 
-    def on_meta(self, numel: int, elem: int) -> None:
+    def on_meta(self, numel: int, elem: int, dtype: str | None = None) -> None:
+        self.dtype = dtype
         self._install(self.shape.from_meta(numel, elem))
 
     def meta_unavailable(self) -> None:
@@ -276,13 +278,21 @@ class Instance:
         rec = self.account.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted)
         rec.world, rec.ranks = self.group.world, list(self.group.ranks)
         rec.root = getattr(self.schedule, "root", None)
-        rec.numel, rec.elem = self.shape.numel, self.shape.elem
+        rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
         return rec
 
     def summary(self) -> str:
         if self.book is not None:
             return f"{self.name()}: {self.book.remaining} of {self.book.boundary} boundary messages left"
         return f"{self.name()}: resolving its shape"
+
+    def entries(self) -> dict[int, float]:
+        """Global rank -> when it entered, for each real rank that did (the trace's gaps)."""
+        times = {r: t[0] for r, t in self.account.rank_times.items()}
+        if self.book is not None:
+            for r, (first, _) in self.book.rank_times().items():
+                times[r] = min(times.get(r, first), first)
+        return {self.group.global_rank(r): t for r, t in times.items()}
 
     def real_ranks_entered(self) -> dict[int, float]:
         """Global rank -> its last boundary time, for each real rank that entered (the watchdog)."""
@@ -375,14 +385,14 @@ class Engine:
         inst = self.instances.get((group, slot))
         return inst if inst is not None and inst.phase is Phase.RESOLVING else None
 
-    def on_meta(self, group: str, slot: int, numel: int | None, elem: int = 1) -> None:
-        """The observer's answer for an allreduce: its element count and size, or None."""
+    def on_meta(self, group: str, slot: int, numel: int | None, elem: int = 1, dtype: str | None = None) -> None:
+        """The observer's answer for an allreduce: its element count, size and dtype, or None."""
         if (inst := self._resolving(group, slot)) is None:
             return
         if numel is None:
             inst.meta_unavailable()
         else:
-            inst.on_meta(numel, elem)
+            inst.on_meta(numel, elem, dtype)
 
     def on_root(self, group: str, slot: int, root: int | None) -> None:
         """The observer's answer for a broadcast: the root the call named, or None."""
@@ -403,6 +413,15 @@ class Engine:
         """A finished instance (or point-to-point message) goes to the controller's records."""
         if self.on_complete:
             self.on_complete(rec)
+
+    def open_entries(self) -> dict[int, float]:
+        """Each real rank's earliest entry (global rank -> time) into an instance still in
+        flight: the trace's gaps before it are not final yet."""
+        marks: dict[int, float] = {}
+        for inst in self.instances.values():
+            for r, t in inst.entries().items():
+                marks[r] = min(marks.get(r, t), t)
+        return marks
 
     def pending(self) -> list[str]:
         """Instances in flight, with how many boundary messages each still waits for.

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import asdict
 from datetime import timedelta
 
 from neuronabox import delay_models, topology
@@ -100,7 +99,8 @@ class Controller:
         self.watchdog = Watchdog(cfg.timeout_s)
         # One reading of both clocks: the trace's monotonic times map to epoch time through it.
         self.clock_anchor = {"monotonic": time.monotonic(), "epoch": time.time()}
-        self.trace = TraceWriter(cfg.trace_file, self._trace_header()) if cfg.trace_file else None
+        offset = self.clock_anchor["epoch"] - self.clock_anchor["monotonic"]  # the trace's clock is epoch
+        self.trace = TraceWriter(cfg.trace_file, self._trace_header(), offset) if cfg.trace_file else None
         self.driver = GlooDriver(self._make_engine, cfg.gloo_host)
         self.driver.accept_router = self._may_dial_in
         self.driver.log = self.log
@@ -160,7 +160,7 @@ class Controller:
             for r, (_, end) in rec.per_rank.items():
                 self.watchdog.touch(group.global_rank(int(r)), end, done)
         if self.trace is not None:
-            self.trace.instance(asdict(rec))
+            self.trace.instance(rec, self.driver.engine.open_entries())
 
     def _on_step(self, rank: int, t: float) -> None:
         self.totals.step(rank, t)
@@ -217,7 +217,7 @@ class Controller:
         if numel is None or dtype not in ELEM_SIZES:
             self.driver.engine.on_meta(group, slot, None)
         else:
-            self.driver.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype])
+            self.driver.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype)
 
     def inject(self, specs: list[str], clear: bool) -> list[str]:
         """Change the what-if modifiers during the run (control service threads): instances
@@ -451,7 +451,7 @@ class Controller:
             "boundary": self.cfg.boundary,
             "inject": self.timing.whatif.specs(),
             "data": self.cfg.data,
-            "clock_anchor": self.clock_anchor,
+            "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
         }
 
     def _trace_footer(self) -> dict:

@@ -36,3 +36,4 @@ class InstanceRecord:
     root: int | None = None  # a rooted collective's root (group rank), when known
     numel: int | None = None  # element count and size, when the observer told them
     elem: int | None = None
+    dtype: str | None = None  # the observer's name for it (c10's: "Float", "Half", ...), when it told

@@ -13,8 +13,7 @@ forms users load.
   algbw, busbw) per kind and size, the time the real ranks' mean, with
   nccl-tests' bus-bandwidth factors; `#wrong` is `-` (nothing is checked here).
 
-Times are epoch microseconds: the trace's monotonic times pass through the
-clock anchor its header carries.
+Times are epoch microseconds, the trace's own clock (docs/trace.md).
 """
 
 from __future__ import annotations
@@ -40,49 +39,33 @@ class Span:
     record: dict
 
 
-def to_epoch_us(doc: dict):
-    """A function from the trace's monotonic seconds to epoch microseconds."""
-    anchor = doc.get("clock_anchor") or {"monotonic": 0.0, "epoch": 0.0}
-    offset = anchor["epoch"] - anchor["monotonic"]
-    return lambda t: (t + offset) * 1e6
-
-
 def spans(doc: dict) -> list[Span]:
     """Every real rank's span of every collective, in start order."""
-    us = to_epoch_us(doc)
-    out = []
-    for rec in doc["instances"]:
-        ranks = rec.get("ranks") or []
-        for r, (a, b) in rec["per_rank"].items():
-            g = ranks[int(r)] if ranks else int(r)
-            out.append(Span(g, us(a), us(b), rec))
+    out = [Span(int(r), a, b, rec) for rec in doc["instances"] for r, (a, b) in rec["per_rank"].items()]
     return sorted(out, key=lambda s: (s.start, s.rank))
 
 
-def _group_ranks(rec: dict, world: int) -> list[int]:
-    return rec.get("ranks") or list(range(rec.get("world") or world))
+def _group_ranks(doc: dict, rec: dict) -> list[int]:
+    return doc["groups"].get(rec["group"]) or list(range(rec["world"]))
 
 
-def _args(rec: dict, world: int) -> dict:
+def _args(doc: dict, rec: dict) -> dict:
     """The PyTorch profiler's argument names for a collective."""
-    numel = rec.get("numel")
-    elem = rec.get("elem")
-    nbytes = rec["nbytes"]
-    nelems = numel if numel is not None else (nbytes // elem if elem else None)
-    ranks = _group_ranks(rec, world)
+    numel = rec["numel"]
+    ranks = _group_ranks(doc, rec)
     args = {
         "Collective name": rec["kind"],
-        "In msg nelems": nelems if nelems is not None else -1,
-        "Out msg nelems": nelems if nelems is not None else -1,
-        "dtype": {1: "Byte", 2: "Half", 4: "Float", 8: "Double"}.get(elem, "unknown") if elem else "unknown",
+        "In msg nelems": numel if numel is not None else -1,
+        "Out msg nelems": numel if numel is not None else -1,
+        "dtype": rec["dtype"] or "unknown",
         "Group size": len(ranks),
         "Process Group Name": rec["group"],
         "Process Group Ranks": json.dumps(ranks),
-        "Seq": rec["tag"],
-        "bytes": nbytes,
+        "Seq": rec["seq"],
+        "bytes": rec["nbytes"],
         "boundary messages": rec["boundary_messages"],
-        "model time (us)": rec.get("predicted", 0.0) * 1e6,
-        "schedule": rec.get("geometry", ""),
+        "model time (us)": rec["model_us"],
+        "schedule": rec["geometry"],
     }
     if rec.get("root") is not None:
         args["Root"] = rec["root"]
@@ -93,7 +76,6 @@ def chrome(doc: dict, sample_emulated: int = 0) -> dict:
     """The Chrome trace-event document of a loaded trace (`trace.load`)."""
     world = doc["world_size"]
     real = sorted(doc["real_ranks"])
-    us = to_epoch_us(doc)
     events: list[dict] = []
     emulated = [e for e in range(world) if e not in set(real)]
     step = max(1, len(emulated) // sample_emulated) if sample_emulated else 0
@@ -106,36 +88,30 @@ def chrome(doc: dict, sample_emulated: int = 0) -> dict:
         if r in real:
             events.append({"name": "thread_name", "ph": "M", "pid": r, "tid": GAP_TRACK, "args": {"name": "compute"}})
     ident = 0
-    last_end: dict[int, float] = {}
     for s in spans(doc):
         ident += 1
-        args = _args(s.record, world)
         name = s.record["kind"]
         events.append({"name": name, "cat": "collective", "ph": "b", "id": ident, "pid": s.rank, "tid": COLL_TRACK,
-                       "ts": s.start, "args": args})  # fmt: skip
+                       "ts": s.start, "args": _args(doc, s.record)})  # fmt: skip
         events.append({"name": name, "cat": "collective", "ph": "e", "id": ident, "pid": s.rank, "tid": COLL_TRACK,
                        "ts": max(s.end, s.start)})  # fmt: skip
-        prev = last_end.get(s.rank)
-        if prev is not None and s.start > prev:
-            events.append({"name": "compute", "cat": "compute", "ph": "X", "pid": s.rank, "tid": GAP_TRACK,
-                           "ts": prev, "dur": s.start - prev})  # fmt: skip
-        last_end[s.rank] = max(prev or s.end, s.end)
+    for rank, a, b in doc["gaps"]:
+        events.append({"name": "compute", "cat": "compute", "ph": "X", "pid": rank, "tid": GAP_TRACK,
+                       "ts": a, "dur": b - a})  # fmt: skip
     for rec in doc["instances"]:
+        members = _group_ranks(doc, rec)
         for e in sampled:
-            if e >= (rec.get("world") or world):
+            if e not in members:
                 continue
             ident += 1
-            start = us(rec["start"])
             base = {"name": rec["kind"], "cat": "collective (model)", "id": ident, "pid": e, "tid": COLL_TRACK}
-            events.append({**base, "ph": "b", "ts": start, "args": _args(rec, world)})
-            events.append({**base, "ph": "e", "ts": start + rec.get("predicted", 0.0) * 1e6})
+            events.append({**base, "ph": "b", "ts": rec["start_us"], "args": _args(doc, rec)})
+            events.append({**base, "ph": "e", "ts": rec["start_us"] + rec["model_us"]})
     for rank, t in doc["steps"]:
         if rank in set(real):
             events.append({"name": "optimizer step", "cat": "step", "ph": "i", "s": "p", "pid": rank,
-                           "tid": GAP_TRACK, "ts": t * 1e6})  # fmt: skip
-    groups = {}
-    for rec in doc["instances"]:
-        groups.setdefault(rec["group"], _group_ranks(rec, world))
+                           "tid": GAP_TRACK, "ts": t})  # fmt: skip
+    groups = doc["groups"]
     info = {
         "backend": "gloo",
         "rank": real[0] if real else 0,
@@ -153,7 +129,8 @@ def chrome(doc: dict, sample_emulated: int = 0) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "distributedInfo": info}
 
 
-TYPE_NAMES = {1: "uint8", 2: "half", 4: "float", 8: "double"}
+TYPE_NAMES = {"Byte": "uint8", "Char": "int8", "Half": "half", "BFloat16": "bfloat16", "Float": "float",
+              "Double": "double", "Int": "int32", "Long": "int64"}  # c10's names -> nccl-tests'
 REDOPS = {"allreduce": "sum", "reduce": "sum", "reduce_scatter": "sum"}
 
 
@@ -164,8 +141,8 @@ def nccl_tests(doc: dict) -> str:
     for rec in doc["instances"]:
         if rec["kind"] in ("send", "recv") or not rec["per_rank"]:
             continue
-        times = [b - a for a, b in rec["per_rank"].values()]
-        key = (rec["nbytes"], rec.get("elem"), rec.get("root"), rec.get("world") or world)
+        times = [(b - a) * 1e-6 for a, b in rec["per_rank"].values()]
+        key = (rec["nbytes"], rec["numel"], rec["dtype"], rec["root"], rec["world"])
         rows.setdefault(rec["kind"], {}).setdefault(key, []).append(sum(times) / len(times))
     out = [f"# NeuronaBox: {world} ranks, real {doc['real_ranks']}, {doc.get('delay_model')} on {doc.get('topology')};"
            " time: the real ranks' mean per size, in us"]  # fmt: skip
@@ -177,11 +154,11 @@ def nccl_tests(doc: dict) -> str:
             f" {'#wrong':>6}  {'n':>5}",
             f"# {'(B)':>10} {'(elements)':>12} {'':>7} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>7} {'(GB/s)':>7}",
         ]
-        for (nbytes, elem, root, ranks), times in sorted(rows[kind].items(), key=lambda kv: kv[0][0]):
+        for (nbytes, numel, dtype, root, ranks), times in sorted(rows[kind].items(), key=lambda kv: kv[0][0]):
             mean = sum(times) / len(times)
             alg, bus = bandwidths(kind, nbytes, mean, ranks)
-            count = str(nbytes // elem) if elem else "?"
-            dtype = TYPE_NAMES.get(elem, "?") if elem else "?"
+            count = str(numel) if numel is not None else "?"
+            dtype = TYPE_NAMES.get(dtype, dtype or "?")
             rooted = root if root is not None else -1
             out.append(
                 f"  {nbytes:>10} {count:>12} {dtype:>7} {REDOPS.get(kind, 'none'):>6} {rooted:>5}"
@@ -214,20 +191,18 @@ def png(doc: dict, path: Path, window: tuple[float, float] | None = None) -> Non
     real = sorted({s.rank for s in ss})
     row = {r: i for i, r in enumerate(real)}
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.6 * len(real)))
-    last_end: dict[int, float] = {}
     kinds = set()
+    for rank, a, b in doc["gaps"]:
+        if rank in row:
+            ax.broken_barh([((a - t0) / 1e3, (b - a) / 1e3)], (row[rank] - 0.15, 0.3), color="lightgrey")
     for s in ss:
-        y = row[s.rank]
         a, b = (s.start - t0) / 1e3, (s.end - t0) / 1e3
-        prev = last_end.get(s.rank)
-        if prev is not None and a > prev:
-            ax.broken_barh([(prev, a - prev)], (y - 0.15, 0.3), color="lightgrey")
-        ax.broken_barh([(a, max(b - a, 1e-3))], (y - 0.35, 0.7), color=KIND_COLORS.get(s.record["kind"], "black"))
+        color = KIND_COLORS.get(s.record["kind"], "black")
+        ax.broken_barh([(a, max(b - a, 1e-3))], (row[s.rank] - 0.35, 0.7), color=color)
         kinds.add(s.record["kind"])
-        last_end[s.rank] = max(prev or b, b)
     for rank, t in doc["steps"]:
         if rank in row:
-            ax.plot([(t * 1e6 - t0) / 1e3] * 2, [row[rank] - 0.45, row[rank] + 0.45], color="black", linewidth=0.8)
+            ax.plot([(t - t0) / 1e3] * 2, [row[rank] - 0.45, row[rank] + 0.45], color="black", linewidth=0.8)
     ax.set_yticks(range(len(real)), [f"rank {r}" for r in real])
     ax.set_xlabel("time (ms)")
     if window:
@@ -300,6 +275,10 @@ def _chakra(doc: dict, out: Path) -> int:
         print(f"neuronabox: error: --out {out} is a file; chakra writes a folder", file=sys.stderr)
         return 2
     prog = program_of(doc)
+    for op in prog.ops:  # one SPMD program on the default group: a subgroup differs from rank to rank
+        if op.group != "0":
+            prog.skipped[f"{op.kind} (group {op.group})"] = prog.skipped.get(f"{op.kind} (group {op.group})", 0) + 1
+    prog.ops = [op for op in prog.ops if op.group == "0"]
     if not prog.ops:
         print("neuronabox: error: the trace has no default-group collective of its lowest real rank", file=sys.stderr)
         return 1

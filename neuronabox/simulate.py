@@ -2,8 +2,9 @@
 --inject SPEC ...] [--trace OUT]`: predict a recorded job at any world size, running
 no process of it.
 
-The recorded real rank's program is its collectives on the default group, in the
-order it entered them, and the compute between them. It is replayed through the
+The recorded real rank's program is its collectives, on the default group and on
+each subgroup it belongs to, in the order it entered them, and the compute
+between them (groups scale with the world as `scaled_groups` says). It is replayed through the
 virtual-time driver (controller/dialects/gloo/virtual.py): the same engine, pair
 machines, schedules, timing model and delay models as a live run, a simulated
 real rank that speaks Gloo to the engine, and time owned by the loop. Each
@@ -15,9 +16,9 @@ backward pass) starts the recorded interval after the previous one's start.
 Optimizer steps keep their offset from the collective before them, and the
 iteration time is the median interval between them, as in a live run.
 
-What it does not replay yet: subgroups, point-to-point traffic and the pairwise
-kinds (gather, scatter, alltoall), which are counted and reported as skipped, and
-more than one real rank's program (the lowest real rank's is used).
+What it does not replay yet: point-to-point traffic and the pairwise kinds
+(reduce, gather, scatter, alltoall), which are counted and reported as skipped,
+and more than one real rank's program (the lowest real rank's is used).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import bisect
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronabox import delay_models, topology
@@ -55,8 +56,10 @@ class Op:
     nbytes: int
     elem: int | None
     root: int | None
-    start: float  # the real rank's entry and end, recorded (monotonic seconds)
+    start: float  # the real rank's entry and end, recorded (epoch seconds)
     end: float
+    group: str = "0"
+    world: int = 0  # its group's size, recorded
 
 
 @dataclass
@@ -64,26 +67,54 @@ class Program:
     rank: int
     world: int
     ops: list[Op]
-    steps: list[float]  # optimizer steps on the trace's monotonic clock
+    steps: list[float]  # optimizer steps (epoch seconds)
     skipped: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # subgroups it uses: name -> global ranks
 
 
 def program_of(doc: dict) -> Program:
     """The lowest real rank's program: its default-group collectives and optimizer steps."""
     rank = min(doc["real_ranks"])
-    anchor = doc.get("clock_anchor") or {"monotonic": 0.0, "epoch": 0.0}
-    offset = anchor["epoch"] - anchor["monotonic"]
-    ops, skipped = [], {}
+    ops, skipped, groups = [], {}, {}
     for rec in doc["instances"]:
         times = rec["per_rank"].get(str(rank))
-        if rec["group"] != "0" or rec["kind"] not in REPLAYED or times is None:
-            if times is not None or rec["group"] != "0":
-                skipped[rec["kind"]] = skipped.get(rec["kind"], 0) + 1
+        if times is None:
             continue
-        ops.append(Op(Kind(rec["kind"]), rec["nbytes"], rec.get("elem"), rec.get("root"), times[0], times[1]))
+        if rec["kind"] not in REPLAYED:
+            skipped[rec["kind"]] = skipped.get(rec["kind"], 0) + 1
+            continue
+        if rec["group"] != "0":
+            groups[rec["group"]] = tuple(doc["groups"][rec["group"]])
+        elem = rec["nbytes"] // rec["numel"] if rec.get("numel") else None
+        ops.append(Op(Kind(rec["kind"]), rec["nbytes"], elem, rec["root"], times[0] * 1e-6, times[1] * 1e-6,
+                      rec["group"], rec["world"]))  # fmt: skip
     ops.sort(key=lambda o: o.start)
-    steps = sorted(t - offset for r, t in doc["steps"] if r == rank)
-    return Program(rank, doc["world_size"], ops, steps, skipped)
+    steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
+    return Program(rank, doc["world_size"], ops, steps, skipped, groups)
+
+
+def scaled_groups(prog: Program, world: int, rank: int) -> dict[str, tuple[int, ...]]:
+    """The program's subgroups at `world` ranks. A group whose ranks are strided across
+    the whole recorded world (data parallel across a model-parallel degree d) keeps its
+    stride and grows with the world: every d-th rank from the simulated one's. Any other
+    group (a tensor-parallel block, a pipeline pair) keeps its ranks, as the model's
+    degree of parallelism does not change with the world."""
+    out = {}
+    for name, ranks in prog.groups.items():
+        stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+        strided = stride > 0 and list(ranks) == list(range(ranks[0], ranks[0] + stride * len(ranks), stride))
+        if world != prog.world and strided and stride * len(ranks) == prog.world:
+            if world % stride:
+                raise SimulateError(
+                    f"group {name!r} takes every {stride}th rank of the recorded world; {world} ranks are not"
+                    f" a multiple of {stride}"
+                )
+            out[name] = tuple(range(rank % stride, world, stride))
+        elif max(ranks) < world and rank in ranks:
+            out[name] = ranks
+        else:
+            raise SimulateError(f"group {name!r} (ranks {ranks[0]}..{ranks[-1]}) does not fit a world of {world}")
+    return out
 
 
 def follows(prev: Op, op: Op) -> tuple[bool, float]:
@@ -97,7 +128,8 @@ def follows(prev: Op, op: Op) -> tuple[bool, float]:
 
 
 def schedule_for(op: Op, recorded_world: int, world: int) -> tuple[Schedule, tuple[int, int] | None]:
-    """The op's schedule at `world` ranks, and the observer's answer for an allreduce."""
+    """The op's schedule over its group's `world` ranks (`recorded_world` when it was
+    recorded), and the observer's answer for an allreduce."""
     if op.kind is Kind.ALLREDUCE:
         elem = op.elem or 4
         return RingAllreduce(RingGeometry.for_tensor(world, op.nbytes, elem)), (op.nbytes // elem, elem)
@@ -143,7 +175,9 @@ class SimulateError(NeuronaBoxError, ValueError):
 
 
 def simulate(prog: Program, world: int, timing, rank: int | None = None, on_record=None) -> Simulated:
-    """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming)."""
+    """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming). `on_record(rec,
+    open_entries)` sees each finished instance, with the simulated rank's entry into
+    those still in flight (TraceWriter.instance's watermark)."""
     from neuronabox.controller.dialects.gloo.virtual import VirtualRun
 
     rank = prog.rank if rank is None else rank
@@ -151,16 +185,25 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
         rank = 0
     t_wall = time.perf_counter()
     records: list = []
-    run = VirtualRun(world, [rank], timing, on_complete=on_record or records.append)
+
+    def complete(rec) -> None:
+        if on_record is None:
+            records.append(rec)
+        else:
+            on_record(rec, run.engine.open_entries())
+
+    groups = scaled_groups(prog, world, rank)
+    run = VirtualRun(world, [rank], timing, on_complete=complete, subgroups=groups)
     ops = prog.ops
     ends: list[tuple[float, float] | None] = [None] * len(ops)
     starts: list[float | None] = [None] * len(ops)
 
     def launch(i: int, at: float) -> None:
         op = ops[i]
-        sched, meta = schedule_for(op, prog.world, world)
+        size = len(groups[op.group]) if op.group in groups else world
+        sched, meta = schedule_for(op, op.world or prog.world, size)
         starts[i] = at
-        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, on_done=lambda sim, i=i: finished(i, sim))
+        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, lambda sim, i=i: finished(i, sim), op.group)
         nxt = i + 1
         if nxt < len(ops):
             after_end, offset = follows(op, ops[nxt])
@@ -225,15 +268,15 @@ def run_simulation(
         header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
                   "delay_model": model_name, "topology": topo.name, "boundary": "modeled",
                   "topology_spec": topology.as_spec(topo),
-                  "inject": whatif.specs(), "data": "zeros", "clock_anchor": {"monotonic": 0.0, "epoch": 0.0},
+                  "inject": whatif.specs(), "data": "zeros", "started_us": 0.0,
                   "simulated_from": str(Path(source).resolve())}  # fmt: skip
         writer = tracefile.TraceWriter(out, header)
     totals = tracefile.RunTotals()
 
-    def on_record(rec) -> None:
+    def on_record(rec, open_entries: dict[int, float]) -> None:
         totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
         if writer is not None:
-            writer.instance(asdict(rec))
+            writer.instance(rec, open_entries)
 
     sim = simulate(prog, world, timing, on_record=on_record)
     for t in sim.steps:

@@ -1,11 +1,15 @@
-"""The run's trace: JSON lines streamed to disk while the run goes.
+"""The run's trace (schema version 2, docs/trace.md): JSON lines streamed to disk
+while the run goes, on one clock, epoch microseconds.
 
 A run of a million collectives must neither hold its records in memory nor
 carry them in one reply (gRPC refuses messages over 4 MiB), so the controller
-writes each record as it completes: a header line, one line per collective
-instance (`{"instance": {...}}`) or optimizer step (`{"step": [rank, t]}`), and a
-footer line (`{"end": {...}}`) when the run stops. A trace without a footer is
-a run that was cut off; its lines up to the cut are still good.
+writes each record as it completes: a header line; a group line the first time
+a group's collective completes (`{"group": {...}}`); one line per collective
+instance or point-to-point message (`{"instance": {...}}`); a real rank's compute
+gap once no collective it may still be in began before the gap ended
+(`{"gap": [rank, from_us, to_us]}`); an optimizer step (`{"step": [rank, t_us]}`);
+and a footer line (`{"end": {...}}`) when the run stops. A trace without a footer
+is a run that was cut off; its lines up to the cut are still good.
 
 `load` reads a whole trace into one document (for tests and short runs);
 `events` streams it; `ends` reads only the header and footer.
@@ -13,55 +17,156 @@ a run that was cut off; its lines up to the cut are still good.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import IO
+from typing import IO, Protocol
 
 from neuronabox.errors import NeuronaBoxError
 
 FORMAT = "neuronabox-trace"
-VERSION = 1
+VERSION = 2
 STEP_WINDOW = 4096  # intervals kept per real rank for the iteration time's median
+DTYPE_OF_SIZE = {1: "Byte", 2: "Half", 4: "Float", 8: "Double"}  # the wire's guess when the observer did not say
 
 
 class TraceError(NeuronaBoxError, ValueError):
     """A file that is not a NeuronaBox trace."""
 
 
-class TraceWriter:
-    """Appends the run's records to `path` as they come; buffered, flushed on `close`."""
+class Record(Protocol):
+    """What the engine reports of one instance (controller/outcomes.py's InstanceRecord),
+    its times in the writer's clock, seconds."""
 
-    def __init__(self, path: str | os.PathLike, header: dict) -> None:
+    group: str
+    tag: int
+    kind: str
+    nbytes: int
+    boundary_messages: int
+    start: float
+    end: float
+    per_rank: Mapping[int, tuple[float, float]]
+    geometry: str
+    loop_cpu: float
+    predicted: float
+    world: int
+    ranks: list[int]
+    root: int | None
+    numel: int | None
+    elem: int | None
+    dtype: str | None
+
+
+def instance_line(rec: Record, us) -> dict:
+    """The trace line of one instance; `us` maps the record's clock to epoch microseconds.
+    `per_rank` is keyed by global rank."""
+    ranks = rec.ranks
+    numel = rec.numel if rec.numel is not None else (rec.nbytes // rec.elem if rec.elem else None)
+    return {
+        "kind": str(rec.kind),
+        "group": rec.group,
+        "seq": rec.tag,
+        "world": rec.world,
+        "root": rec.root,
+        "dtype": rec.dtype or (DTYPE_OF_SIZE.get(rec.elem) if rec.elem else None),
+        "numel": numel,
+        "nbytes": rec.nbytes,
+        "start_us": us(rec.start),
+        "end_us": us(rec.end),
+        "per_rank": {str(ranks[r] if ranks else r): [us(a), us(b)] for r, (a, b) in rec.per_rank.items()},
+        "model_us": rec.predicted * 1e6,
+        "boundary_messages": rec.boundary_messages,
+        "geometry": rec.geometry,
+        "loop_cpu_s": rec.loop_cpu,
+    }
+
+
+class GapTracker:
+    """Each real rank's compute gaps (the time it is in no collective), found as records
+    complete, which they do out of entry order when collectives overlap. A gap is final
+    once no collective the rank is still in began before it ended: `settle` takes each
+    rank's earliest entry into a collective still open (the watermark)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, list[tuple[float, float]]] = {}  # rank -> heap of (entered, left)
+        self._busy_until: dict[int, float] = {}  # rank -> the end of what is settled
+
+    def add(self, rank: int, entered: float, left: float) -> None:
+        heapq.heappush(self._pending.setdefault(rank, []), (entered, left))
+
+    def settle(self, open_entries: Mapping[int, float] | None = None) -> list[tuple[int, float, float]]:
+        """The gaps now final, as (rank, from, to)."""
+        gaps = []
+        for rank, heap in self._pending.items():
+            mark = (open_entries or {}).get(rank)
+            while heap and (mark is None or heap[0][0] <= mark):
+                a, b = heapq.heappop(heap)
+                last = self._busy_until.get(rank)
+                if last is not None and a > last:
+                    gaps.append((rank, last, a))
+                self._busy_until[rank] = b if last is None else max(last, b)
+        return gaps
+
+
+class TraceWriter:
+    """Appends the run's records to `path` as they come; buffered, flushed on `close`.
+    `epoch_offset`: seconds from the records' clock to epoch seconds (the controller's
+    monotonic clock; 0 for a simulation, whose clock starts at 0)."""
+
+    def __init__(self, path: str | os.PathLike, header: dict, epoch_offset: float = 0.0) -> None:
         self.path = Path(path)
+        self._offset = epoch_offset
+        self._groups: set[str] = set()
+        self._gaps = GapTracker()
         self._f: IO[str] | None = open(self.path, "w", buffering=1 << 16)  # noqa: SIM115 - closed in close()
-        self._write({"format": FORMAT, "version": VERSION, **header})
+        self._write({"format": FORMAT, "version": VERSION, "clock": "epoch_us", **header})
+
+    def _us(self, t: float) -> float:
+        return round((t + self._offset) * 1e6, 3)
 
     def _write(self, doc: dict) -> None:
         if self._f is not None:
             self._f.write(json.dumps(doc, separators=(",", ":")) + "\n")
 
-    def instance(self, record: dict) -> None:
-        self._write({"instance": record})
+    def instance(self, rec: Record, open_entries: Mapping[int, float] | None = None) -> None:
+        """One completed instance; `open_entries`: each real rank's earliest entry (global
+        rank -> the records' clock) into a collective still in flight, which holds back
+        the gaps it may still fill."""
+        if rec.group not in self._groups:
+            self._groups.add(rec.group)
+            self._write({"group": {"name": rec.group, "world": rec.world, "ranks": list(rec.ranks) or None}})
+        line = instance_line(rec, self._us)
+        self._write({"instance": line})
+        for r, (a, b) in rec.per_rank.items():
+            self._gaps.add(rec.ranks[r] if rec.ranks else r, a, b)
+        self._write_gaps(open_entries)
 
-    def step(self, rank: int, t: float) -> None:
-        self._write({"step": [rank, t]})
+    def _write_gaps(self, open_entries: Mapping[int, float] | None) -> None:
+        for rank, a, b in self._gaps.settle(open_entries):
+            self._write({"gap": [rank, self._us(a), self._us(b)]})
+
+    def step(self, rank: int, t_epoch: float) -> None:
+        """An optimizer step at `t_epoch` (epoch seconds: the observer reads the wall clock)."""
+        self._write({"step": [rank, round(t_epoch * 1e6, 3)]})
 
     def close(self, footer: dict) -> None:
         if self._f is None:
             return
+        self._write_gaps(None)  # nothing is in flight any more
         self._write({"end": footer})
         self._f.close()
         self._f = None
 
 
 def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
-    """(what, value) for each line: ("header", dict), ("instance", dict), ("step",
-    [rank, t]), ("end", dict). Raises TraceError on a file that is not a trace."""
+    """(what, value) for each line: ("header", dict), ("group", dict), ("instance", dict),
+    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("end", dict). Raises
+    TraceError on a file that is not a trace of this version."""
     with open(path) as f:
         first = f.readline()
         try:
@@ -71,7 +176,10 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise TraceError(f"{path}: not a NeuronaBox trace (no header line)")
         if header.get("version") != VERSION:
-            raise TraceError(f"{path}: trace version {header.get('version')}, this NeuronaBox reads {VERSION}")
+            raise TraceError(
+                f"{path}: trace version {header.get('version')}, this NeuronaBox reads version {VERSION}"
+                " (record the run again)"
+            )
         yield "header", header
         for line in f:
             try:
@@ -83,14 +191,19 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
 
 
 def load(path: str | os.PathLike) -> dict:
-    """The whole trace as one document: the header's fields, `instances`, `steps`, and
-    the footer's fields (`complete` says whether the run wrote its footer)."""
-    doc: dict = {"instances": [], "steps": [], "complete": False}
+    """The whole trace as one document: the header's fields, `groups` (name -> global
+    ranks; the default group's are the world's), `instances`, `gaps`, `steps`, and the
+    footer's fields (`complete` says whether the run wrote its footer)."""
+    doc: dict = {"instances": [], "gaps": [], "steps": [], "groups": {}, "complete": False}
     for what, value in events(path):
         if what == "header":
             doc.update({k: v for k, v in value.items() if k not in ("format", "version")})
+        elif what == "group":
+            doc["groups"][value["name"]] = value["ranks"] or list(range(value["world"]))
         elif what == "instance":
             doc["instances"].append(value)
+        elif what == "gap":
+            doc["gaps"].append(value)
         elif what == "step":
             doc["steps"].append(value)
         elif what == "end":

@@ -243,15 +243,15 @@ def iteration_ms(logs: list[Path], rank: int) -> float:
 def controller_pace(trace: dict) -> tuple[float | None, float | None]:
     """(controller CPU per boundary message, the model's time per boundary message), in
     microseconds, over the run's collectives after the first (start-up) one."""
-    recs = sorted(trace.get("instances", []), key=lambda r: r["end"])
+    recs = sorted(trace.get("instances", []), key=lambda r: r["end_us"])
     if len(recs) < 3:
         return None, None
     msgs = sum(r["boundary_messages"] for r in recs[1:])
     if not msgs:
         return None, None
-    cpu = recs[-1]["loop_cpu"] - recs[0]["loop_cpu"]
-    model = sum(r.get("predicted", 0.0) for r in recs[1:])
-    return cpu / msgs * 1e6, model / msgs * 1e6
+    cpu = recs[-1]["loop_cpu_s"] - recs[0]["loop_cpu_s"]
+    model_us = sum(r["model_us"] for r in recs[1:])
+    return cpu / msgs * 1e6, model_us / msgs
 
 
 # ---------------------------------------------------------------------------------

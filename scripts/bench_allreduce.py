@@ -96,9 +96,9 @@ def emulated(
         before = inst[-reps - 1]
         # barriers between the allreduces complete inside the window too: count their messages
         allinst = load_trace(trace)["instances"]
-        window = [i for i in allinst if before["loop_cpu"] < i["loop_cpu"] <= timed[-1]["loop_cpu"]]
+        window = [i for i in allinst if before["loop_cpu_s"] < i["loop_cpu_s"] <= timed[-1]["loop_cpu_s"]]
         msgs = sum(i["boundary_messages"] for i in window)
-        cpu = timed[-1]["loop_cpu"] - before["loop_cpu"]
+        cpu = timed[-1]["loop_cpu_s"] - before["loop_cpu_s"]
         return med, cpu / msgs, timed[0]["boundary_messages"]
 
 

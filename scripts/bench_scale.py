@@ -45,10 +45,10 @@ def run(nnodes: int, nbytes: int, reps: int, model: str, topology: str) -> dict:
     first = insts.index(timed[0])
     window = insts[first - 1 : insts.index(timed[-1]) + 1]  # the barriers between them too
     msgs = sum(i["boundary_messages"] for i in window[1:])
-    cpu = window[-1]["loop_cpu"] - window[0]["loop_cpu"]
+    cpu = window[-1]["loop_cpu_s"] - window[0]["loop_cpu_s"]
     return {
         "measured": measured,
-        "predicted": statistics.median(i["predicted"] for i in timed),
+        "predicted": statistics.median(i["model_us"] for i in timed) * 1e-6,
         "msgs": timed[-1]["boundary_messages"],
         "cpu_per_msg": cpu / msgs,
         "wall": wall,

@@ -56,7 +56,8 @@ def test_chrome_export_is_structurally_sound(run, two_rank_trace, tmp_path):
     first_step = min(e["ts"] for e in steps)
     first_coll = min(e["ts"] for e in colls)
     assert abs(first_step - first_coll) < 60e6  # one clock: both in epoch microseconds, within a minute
-    assert any(e["ph"] == "X" and e["name"] == "compute" for e in events)
+    computes = [(e["pid"], e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["name"] == "compute"]
+    assert computes == [tuple(g) for g in trace["gaps"]] and computes  # the trace's gaps, as written
     info = doc["distributedInfo"]
     assert info["world_size"] == 8 and info["pg_count"] >= 1 and info["pg_config"][0]["ranks"] == list(range(8))
 
@@ -133,3 +134,49 @@ def test_bus_factors_are_nccl_tests():
     assert bus_factor("allgather", 8) == bus_factor("alltoall", 8) == 7 / 8
     assert bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
     assert bandwidths("allreduce", 1e9, 0.5, 2) == (2.0, 2.0)
+
+
+def test_gaps_wait_for_the_collectives_still_open():
+    """A rank's collectives complete out of entry order when they overlap (DDP's
+    buckets): a gap is written only once no open collective began before its end."""
+    from neuronabox.trace import GapTracker
+
+    gaps = GapTracker()
+    gaps.add(0, 0.0, 1.0)
+    assert gaps.settle({}) == []  # nothing before it
+    gaps.add(0, 5.0, 6.0)  # completes while the one entered at 3.0 is still open
+    assert gaps.settle({0: 3.0}) == []  # [1, 5] would be wrong: the open one fills [3, 5]
+    gaps.add(0, 3.0, 10.0)
+    assert gaps.settle({}) == [(0, 1.0, 3.0)]
+    gaps.add(0, 12.0, 13.0)
+    gaps.add(1, 2.0, 4.0)
+    assert gaps.settle(None) == [(0, 10.0, 12.0)]  # rank 1's first collective leaves no gap
+
+
+def test_the_trace_is_schema_2_on_one_clock(two_rank_trace):
+    from neuronabox.trace import events
+
+    lines = list(events(two_rank_trace))
+    header = lines[0][1]
+    assert header["version"] == 2 and header["clock"] == "epoch_us" and header["topology_spec"]["links"]
+    kinds = [what for what, _ in lines]
+    assert kinds.index("group") < kinds.index("instance")  # a group is named before its first instance
+    doc = load(two_rank_trace)
+    assert doc["groups"]["0"] == list(range(8))
+    lo, hi = header["started_us"], header["started_us"] + 600e6
+    for rec in doc["instances"]:
+        assert {"kind", "group", "seq", "dtype", "numel", "nbytes", "root", "per_rank", "model_us",
+                "boundary_messages", "start_us", "end_us"} <= set(rec)  # fmt: skip
+        assert lo <= rec["start_us"] <= rec["end_us"] < hi
+        assert set(rec["per_rank"]) <= {"0", "3"}
+        if rec["numel"] is not None and rec["dtype"] == "Float":
+            assert rec["numel"] * 4 == rec["nbytes"]
+    for rank, t in doc["steps"]:
+        assert rank in (0, 3) and lo <= t < hi  # the observer's wall clock: the same epoch clock
+    # Each rank's gaps lie between its collectives, never inside one.
+    for rank in (0, 3):
+        busy = sorted(tuple(r["per_rank"][str(rank)]) for r in doc["instances"] if str(rank) in r["per_rank"])
+        gaps = sorted((a, b) for r, a, b in doc["gaps"] if r == rank)
+        assert gaps and all(b > a for a, b in gaps)
+        for a, b in gaps:
+            assert not any(x < b and a < y for x, y in busy)

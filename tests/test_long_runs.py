@@ -44,7 +44,7 @@ def test_twenty_thousand_collectives_in_flat_memory(tmp_path):
     doc = load(trace)
     assert doc["complete"] and doc["state"] == "stopped"
     assert len(doc["instances"]) == 20001 and doc["world_size"] == 2
-    tags = [i["tag"] for i in doc["instances"]]
+    tags = [i["seq"] for i in doc["instances"]]
     assert tags == sorted(tags) and len(set(tags)) == len(tags)
 
 
@@ -52,15 +52,19 @@ def test_a_cut_off_trace_keeps_what_it_wrote(tmp_path):
     """A run killed mid-write leaves a trace whose last line is torn: what came before
     it reads back, without a footer."""
     path = tmp_path / "cut.jsonl"
+    from neuronabox.controller.outcomes import InstanceRecord
+
     from neuronabox.trace import TraceWriter
 
     w = TraceWriter(path, {"world_size": 4})
     for tag in range(3):
-        w.instance({"tag": tag, "kind": "allreduce"})
+        w.instance(InstanceRecord("0", tag, "allreduce", 64, 6, tag, tag + 0.5, {0: (tag, tag + 0.5)}, "", 0.0, 0.4, 4))
     w.close({"state": "stopped"})
     text = path.read_text()
-    torn = text[: text.rindex('{"end"')] + '{"instance": {"tag": 3, "ki'
+    torn = text[: text.rindex('{"end"')] + '{"instance": {"seq": 3, "ki'
     path.write_text(torn)
     doc = load(path)
-    assert [i["tag"] for i in doc["instances"]] == [0, 1, 2] and not doc["complete"]
-    assert next(events(path)) == ("header", {"format": "neuronabox-trace", "version": 1, "world_size": 4})
+    assert [i["seq"] for i in doc["instances"]] == [0, 1, 2] and not doc["complete"]
+    assert doc["gaps"] == [[0, 0.5e6, 1e6], [0, 1.5e6, 2e6]]  # a gap is final once a later entry closes it
+    header = {"format": "neuronabox-trace", "version": 2, "clock": "epoch_us", "world_size": 4}
+    assert next(events(path)) == ("header", header)

@@ -42,7 +42,7 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
             if rec["kind"] == "broadcast":  # a root's frames all leave on entry; its model time is its sends'
                 continue
             (a, b), = rec["per_rank"].values()
-            assert b - a == pytest.approx(rec["predicted"], rel=1e-6, abs=1e-9)
+            assert b - a == pytest.approx(rec["model_us"], rel=1e-6, abs=2e-3)
     assert sims[8][0] < sims[64][0] < sims[1024][0]  # rings grow with the world under alpha-beta
     # The simulated trace is a program too: replayed at its own size, it gives itself back.
     res = run("simulate", str(sims[64][1]), "--nnodes", "64")
@@ -82,3 +82,53 @@ def test_whatif_sweeps_the_world_in_simulation(run, live_trace, tmp_path):
 def test_a_world_sweep_needs_the_simulation(run):
     res = run("whatif", "--sweep", "nnodes=16,64", "--", EXAMPLE)
     assert res.rc == 2 and "nnodes with --simulate" in res.last_error
+
+
+def test_subgroups_replay_and_scale(run, tmp_path):
+    """A tensor x data parallel job's subgroups replay: at the recorded size as they
+    ran, at a larger world the data-parallel group (strided across the world) grows
+    and the tensor-parallel block keeps its two ranks."""
+    from conftest import SCRIPTS, nbx
+
+    live_path = tmp_path / "tpdp.jsonl"
+    res = nbx("torchrun", "--nnodes", "8", "--trace", str(live_path), str(SCRIPTS / "tp_dp_toy.py"))
+    assert res.rc == 0, res.err[-2000:]
+    live = load(live_path)
+    sub = {n: r for n, r in live["groups"].items() if n != "0"}
+    assert sorted(len(r) for r in sub.values()) == [2, 4], live["groups"]  # tp and dp of rank 0
+
+    def per_group(doc) -> dict[int, int]:  # group size -> collectives on it
+        out: dict[int, int] = {}
+        for rec in doc["instances"]:
+            if rec["group"] != "0":
+                out[rec["world"]] = out.get(rec["world"], 0) + 1
+        return out
+
+    for n, sizes in ((8, {2: 2, 4: 4}), (32, {2: 2, 4: 16})):
+        out = tmp_path / f"sim{n}.jsonl"
+        res = run("simulate", str(live_path), "--nnodes", str(n), "--trace", str(out))
+        assert res.rc == 0, res.err
+        doc = load(out)
+        assert per_group(doc) == {sizes[w]: k for w, k in per_group(live).items()}
+        for ranks in doc["groups"].values():
+            assert 0 in ranks and len(ranks) in (2, 16 if n == 32 else 4, n)
+
+
+def test_simulation_predicts_its_live_run(run, tmp_path):
+    """Replayed at its own world size, topology and model (all read from the trace), a
+    live run's trace gives the live run's iteration time. The README's table holds it
+    to 2% at 8 to 512 ranks (scripts/simulate_fidelity.py); on a shared machine the
+    test asks for a tenth. The topology is one whose hop this machine keeps up with,
+    and it is a file: the trace carries it."""
+    from conftest import ROOT, nbx
+
+    live_path = tmp_path / "mlp.jsonl"
+    lab = str(ROOT / "scripts" / "lab-1gbe.yaml")
+    res = nbx("torchrun", "--nnodes", "8", "--topology", lab, "--trace", str(live_path),
+              str(ROOT / "examples" / "mlp.py"), "--steps", "6")  # fmt: skip
+    assert res.rc == 0, res.err[-2000:]
+    live = iteration_ms(res.out)
+    sim = run("simulate", str(live_path))
+    assert sim.rc == 0, sim.err
+    assert "alpha-beta on lab-1gbe" in sim.out and "world size      8" in sim.out
+    assert iteration_ms(sim.out) == pytest.approx(live, rel=0.10)

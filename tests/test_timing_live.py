@@ -33,7 +33,7 @@ def timed(*launch: str, kinds: str, nbytes: int = 4096, reps: int = 8, root: int
 
 def predicted_of(trace) -> dict:
     """The model's time per kind, from a run's trace (the same for every instance of a kind)."""
-    return {r["kind"]: r["predicted"] for r in load_trace(trace)["instances"]}
+    return {r["kind"]: r["model_us"] * 1e-6 for r in load_trace(trace)["instances"]}
 
 
 def test_latency_per_collective_lands_on_its_kind_only(tmp_path):
@@ -65,7 +65,7 @@ def test_real_rank_tracks_the_model(tmp_path):
     )  # fmt: skip
     doc = load_trace(trace)
     big = [r for r in doc["instances"] if r["nbytes"] >= 1 << 17 or r["kind"] == "barrier"]
-    predicted = {r["kind"]: r["predicted"] for r in big}
+    predicted = {r["kind"]: r["model_us"] * 1e-6 for r in big}
     # The rank may also see the releases' own lateness, as the same run measured it.
     late = doc["release"]["p99_us"] * 1e-6
     for kind, stats in got.items():

@@ -12,8 +12,9 @@ rank's would (a ring's send waits for the receives up to two steps back; a
 tree's or a barrier's for the receives before it). Frames cross between the
 pairs at once; the engine's release times are the model's arrivals.
 
-This is what the simulation fallback builds on; today it plays one real rank
-per instance, and the tests hold its end times to the schedules' closed forms.
+This is what the simulation fallback builds on; it plays one real rank, in the
+default group and in any subgroups it belongs to, and the tests hold its end
+times to the schedules' closed forms.
 """
 
 from __future__ import annotations
@@ -59,13 +60,14 @@ class VirtualLoop:
 class SimulatedRank:
     """One real rank's side of one instance, played punctually from its schedule."""
 
-    rank: int
+    rank: int  # in its group
     schedule: Schedule
     slot: int
     entry: float
     work: float  # an emulated rank's work per edge: the punctual real rank does the same
     meta: tuple[int, int] | None = None  # what the observer would say of an allreduce: (numel, elem)
     on_done: Callable[[SimulatedRank], None] | None = None
+    group: str = "0"
     credits: dict[int, int] = field(default_factory=dict)  # peer -> receives it posted, not yet served
     pending: dict[int, deque] = field(default_factory=dict)  # peer -> announced sends, in order
     done: float | None = None
@@ -104,10 +106,14 @@ class SimulatedRank:
         return len(self.arrived) == len(self.recvs) and not any(self.pending.values())
 
 
+Key = tuple[str, int]  # (group name, emulated group rank): one pair; or (group name, slot): one instance
+
+
 class VirtualRun:
-    """The engine, the default group, and its real rank simulated, in virtual time.
-    Instances may overlap (DDP's buckets do): each is keyed by its slot, and the pairs
-    are shared, as one TCP pair carries every instance between two ranks."""
+    """The engine, the default group and `subgroups` (name -> global ranks, in group
+    order; each must hold the real rank), and the real rank simulated, in virtual time.
+    Instances may overlap (DDP's buckets do): each is keyed by its group and slot, and
+    a group's pairs are shared, as one TCP pair carries every instance between two ranks."""
 
     def __init__(
         self,
@@ -115,33 +121,39 @@ class VirtualRun:
         real: list[int],
         timing: ReleaseTiming | None,
         on_complete: Callable[[InstanceRecord], None] | None = None,
+        subgroups: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         if len(real) != 1:
-            raise NotImplementedError("the virtual driver plays one real rank per group for now")
+            raise NotImplementedError("the virtual driver plays one real rank")
         self.loop = VirtualLoop()
-        self.group = Group("0", world, RealRanks(real, world))
         self.rank = real[0]
-        self.conns: dict[int, Conn] = {}  # emulated peer -> the engine's side of the pair
-        self.mirrors: dict[int, GlooPair] = {}  # emulated peer -> the real rank's side
-        self.sims: dict[int, SimulatedRank] = {}  # slot -> the instance in flight
+        self.groups = {"0": Group("0", world, RealRanks(real, world))}
+        for name, ranks in (subgroups or {}).items():
+            if self.rank not in ranks:
+                raise ValueError(f"group {name!r} does not hold the simulated rank {self.rank}")
+            mine = ranks.index(self.rank)
+            self.groups[name] = Group(name, len(ranks), RealRanks([mine], len(ranks)), tuple(ranks))
+        self.conns: dict[Key, Conn] = {}  # (group, emulated peer) -> the engine's side of the pair
+        self.mirrors: dict[Key, GlooPair] = {}  # (group, emulated peer) -> the real rank's side
+        self.sims: dict[Key, SimulatedRank] = {}  # (group, slot) -> the instance in flight
         self.records: list[InstanceRecord] = []
         self.engine = Engine(
             emit=self._deliver,
             dialect=GLOO,
             request_meta=self._answer_meta,
             on_complete=on_complete or self.records.append,
-            conn_of=lambda g, r, e: self.conns.get(e),
+            conn_of=lambda g, r, e: self.conns.get((g.name, e)),
             timing=timing,
             call_at=self.loop.call_at,
             clock=lambda: self.loop.now,
         )
-        self._tag = itertools.count()
+        self._tags = {name: itertools.count() for name in self.groups}  # each group counts its own
 
     # -- the engine's side --------------------------------------------------------------
     def _answer_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
         """What the observer would say: an allreduce's element count and size, a
         broadcast's root (answered in the loop, as the observer's reply comes later)."""
-        sim = self.sims[slot]
+        sim = self.sims[group, slot]
         if kind == Kind.BROADCAST:
             root = sim.schedule.root
             self.loop.call_at(self.loop.now, lambda: self.engine.on_root(group, slot, root))
@@ -156,11 +168,11 @@ class VirtualRun:
         """The engine wrote on a pair: the simulated rank reads it at this instant, but
         after the engine's turn ends (as a socket would), never inside it."""
         raw = conn.pair.take()
-        self.loop.call_at(self.loop.now, lambda: self._read(conn.emu, raw))
+        self.loop.call_at(self.loop.now, lambda: self._read(conn.group.name, conn.emu, raw))
 
-    def _read(self, peer: int, raw: bytes) -> None:
-        for ev in self.mirrors[peer].receive(raw):  # raises on anything Gloo would kill the pair for
-            sim = self.sims[ev.slot]
+    def _read(self, group: str, peer: int, raw: bytes) -> None:
+        for ev in self.mirrors[group, peer].receive(raw):  # raises on anything Gloo would kill the pair for
+            sim = self.sims[group, ev.slot]
             if isinstance(ev, RecvReady):
                 sim.credits[peer] = sim.credits.get(peer, 0) + 1
                 self._serve(sim, peer)
@@ -169,10 +181,10 @@ class VirtualRun:
                 sim.got(peer, self.loop.now)
                 self._wake(sim)
 
-    def _say(self, peer: int) -> None:
+    def _say(self, group: str, peer: int) -> None:
         """The simulated rank's queued frames to `peer` reach the engine."""
-        conn = self.conns[peer]
-        for ev in conn.pair.receive(self.mirrors[peer].take(), self.loop.now):  # a book takes its own
+        conn = self.conns[group, peer]
+        for ev in conn.pair.receive(self.mirrors[group, peer].take(), self.loop.now):  # a book takes its own
             self.engine.on_event(conn, ev)
 
     # -- the simulated rank's side ------------------------------------------------------
@@ -184,26 +196,31 @@ class VirtualRun:
         work: float = 0.0,
         meta: tuple[int, int] | None = None,
         on_done: Callable[[SimulatedRank], None] | None = None,
+        group: str = "0",
     ) -> SimulatedRank:
-        """The real rank enters a collective of `kind` at virtual time `at` (not before now)."""
-        slot = make_slot(PREFIX_OF_KIND[kind], next(self._tag))
-        sim = self.sims[slot] = SimulatedRank(self.rank, schedule, slot, at, work, meta, on_done)
+        """The real rank enters a collective of `kind` in `group` at virtual time `at` (not
+        before now); `schedule` is over the group's ranks."""
+        g = self.groups[group]
+        slot = make_slot(PREFIX_OF_KIND[kind], next(self._tags[group]))
+        me = g.real.sorted[0]
+        sim = self.sims[group, slot] = SimulatedRank(me, schedule, slot, at, work, meta, on_done, group)
         for m in sim.sends + sim.recvs:
-            if m.peer not in self.conns:
-                self.conns[m.peer] = Conn(self.group, self.rank, m.peer, GlooPair())
-                self.mirrors[m.peer] = GlooPair()
+            if (group, m.peer) not in self.conns:
+                self.conns[group, m.peer] = Conn(g, me, m.peer, GlooPair())
+                self.mirrors[group, m.peer] = GlooPair()
         self.loop.call_at(at, lambda: self._enter(sim))
         return sim
 
     def _enter(self, sim: SimulatedRank) -> None:
         sim.entry = self.loop.now
+        g = sim.group
         for m in sim.recvs:
-            self.mirrors[m.peer].recv_ready(sim.slot, m.nbytes)
-            self._say(m.peer)
+            self.mirrors[g, m.peer].recv_ready(sim.slot, m.nbytes)
+            self._say(g, m.peer)
         for m in sim.sends:
             sim.pending.setdefault(m.peer, deque()).append(m)
-            self.mirrors[m.peer].send_ready(sim.slot, m.nbytes)
-            self._say(m.peer)
+            self.mirrors[g, m.peer].send_ready(sim.slot, m.nbytes)
+            self._say(g, m.peer)
         self._wake(sim)
 
     def _wake(self, sim: SimulatedRank) -> None:
@@ -216,7 +233,7 @@ class VirtualRun:
         """Everything received and sent: the instance is over for the real rank."""
         if sim.done is None and sim.finished:
             sim.done = max([sim.entry, *sim.arrived.values()])
-            del self.sims[sim.slot]
+            del self.sims[sim.group, sim.slot]
             if sim.on_done is not None:
                 sim.on_done(sim)
 
@@ -233,5 +250,5 @@ class VirtualRun:
                 return
             queue.popleft()
             sim.credits[peer] -= 1
-            self.mirrors[peer].data(sim.slot, bytes(m.nbytes))
-            self._say(peer)
+            self.mirrors[sim.group, peer].data(sim.slot, bytes(m.nbytes))
+            self._say(sim.group, peer)
