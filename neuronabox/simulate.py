@@ -16,9 +16,11 @@ backward pass) starts the recorded interval after the previous one's start.
 Optimizer steps keep their offset from the collective before them, and the
 iteration time is the median interval between them, as in a live run.
 
-What it does not replay yet: point-to-point traffic and the pairwise kinds
-(reduce, gather, scatter, alltoall), which are counted and reported as skipped,
-and more than one real rank's program (the lowest real rank's is used).
+Gather and scatter keep each rank's block, an alltoall each rank's tensor (its
+blocks shrink as the world grows). What it does not replay yet: point-to-point
+traffic and reduce (whose root a later gather names), which are counted and
+reported as skipped, and more than one real rank's program (the lowest real
+rank's is used).
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from neuronabox.schedules.gloo import (
     RingGeometry,
     Schedule,
 )
+from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from . import trace as tracefile
 from .errors import NeuronaBoxError
 
-REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER)
+REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL)
 
 
 @dataclass
@@ -135,9 +138,14 @@ def schedule_for(op: Op, recorded_world: int, world: int) -> tuple[Schedule, tup
         return RingAllreduce(RingGeometry.for_tensor(world, op.nbytes, elem)), (op.nbytes // elem, elem)
     if op.kind is Kind.ALLGATHER:
         return RingAllgather(world, max(1, op.nbytes // recorded_world)), None  # each rank's block, as recorded
+    root = op.root if op.root is not None and op.root < world else 0
     if op.kind is Kind.BROADCAST:
-        root = op.root if op.root is not None and op.root < world else 0
         return BinomialBroadcast(world, root, op.nbytes), None
+    # A pairwise instance's bytes are one message's times its group's size (controller/shape.py).
+    if op.kind in (Kind.GATHER, Kind.SCATTER):  # a rank's block keeps its size
+        return RootedPairwise(op.kind, world, root, max(1, op.nbytes // recorded_world)), None
+    if op.kind is Kind.ALLTOALL:  # each rank's tensor keeps its size: a block is a W-th of it
+        return PairwiseAlltoall(world, max(1, op.nbytes // world)), None
     return DisseminationBarrier(world), None
 
 
@@ -203,7 +211,8 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
         size = len(groups[op.group]) if op.group in groups else world
         sched, meta = schedule_for(op, op.world or prog.world, size)
         starts[i] = at
-        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, lambda sim, i=i: finished(i, sim), op.group)
+        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, lambda sim, i=i: finished(i, sim), op.group,
+                  getattr(sched, "nbytes", 0))  # fmt: skip
         nxt = i + 1
         if nxt < len(ops):
             after_end, offset = follows(op, ops[nxt])

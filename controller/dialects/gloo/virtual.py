@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuronabox.schedules import Kind
-from neuronabox.schedules.gloo import RealRanks, RingAllgather, RingAllreduce, Schedule
+from neuronabox.schedules.gloo import Msg, RealRanks, RingAllgather, RingAllreduce, Schedule
+from neuronabox.schedules.gloo_pairwise import WIRE, PairwiseAlltoall, RootedPairwise
 
 from ...engine import Conn, Engine, Group, InstanceRecord
 from ...release import ReleaseTiming
@@ -68,20 +69,28 @@ class SimulatedRank:
     meta: tuple[int, int] | None = None  # what the observer would say of an allreduce: (numel, elem)
     on_done: Callable[[SimulatedRank], None] | None = None
     group: str = "0"
+    msg_bytes: int = 0  # a pairwise message's length, which the schedule leaves to the wire (WIRE)
     credits: dict[int, int] = field(default_factory=dict)  # peer -> receives it posted, not yet served
     pending: dict[int, deque] = field(default_factory=dict)  # peer -> announced sends, in order
     done: float | None = None
 
     def __post_init__(self) -> None:
-        self.sends = list(self.schedule.sends(self.rank))
-        self.recvs = sorted(self.schedule.recvs(self.rank), key=lambda m: m.step)
+        sized = [m if m.nbytes != WIRE else Msg(m.peer, m.step, self.msg_bytes) for m in self.schedule.sends(self.rank)]
+        self.sends = sized
+        self.recvs = sorted(
+            (m if m.nbytes != WIRE else Msg(m.peer, m.step, self.msg_bytes) for m in self.schedule.recvs(self.rank)),
+            key=lambda m: m.step,
+        )
         self._recv_steps = [m.step for m in self.recvs]
         self._expect: dict[int, deque[int]] = {}  # peer -> its receive steps, in order (FIFO per pair)
         for m in self.recvs:
             self._expect.setdefault(m.peer, deque()).append(m.step)
         self.arrived: dict[int, float] = {}  # receive step -> when its data came
         self._prefix: list[float] = []  # latest arrival among the first k receives (in step order)
-        self._lag = 2 if isinstance(self.schedule, (RingAllreduce, RingAllgather)) else 1
+        # A ring's send waits for the receive two steps back, a tree's or a barrier's for the
+        # ones before it; a pairwise collective posts every send at entry.
+        pairwise = isinstance(self.schedule, (RootedPairwise, PairwiseAlltoall))
+        self._lag = 2 if isinstance(self.schedule, (RingAllreduce, RingAllgather)) else (1 << 30 if pairwise else 1)
 
     def got(self, peer: int, when: float) -> None:
         """Data from `peer`: its oldest receive not yet served."""
@@ -197,13 +206,14 @@ class VirtualRun:
         meta: tuple[int, int] | None = None,
         on_done: Callable[[SimulatedRank], None] | None = None,
         group: str = "0",
+        msg_bytes: int = 0,
     ) -> SimulatedRank:
         """The real rank enters a collective of `kind` in `group` at virtual time `at` (not
         before now); `schedule` is over the group's ranks."""
         g = self.groups[group]
         slot = make_slot(PREFIX_OF_KIND[kind], next(self._tags[group]))
         me = g.real.sorted[0]
-        sim = self.sims[group, slot] = SimulatedRank(me, schedule, slot, at, work, meta, on_done, group)
+        sim = self.sims[group, slot] = SimulatedRank(me, schedule, slot, at, work, meta, on_done, group, msg_bytes)
         for m in sim.sends + sim.recvs:
             if (group, m.peer) not in self.conns:
                 self.conns[group, m.peer] = Conn(g, me, m.peer, GlooPair())
