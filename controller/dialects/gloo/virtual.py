@@ -75,12 +75,11 @@ class SimulatedRank:
     done: float | None = None
 
     def __post_init__(self) -> None:
-        sized = [m if m.nbytes != WIRE else Msg(m.peer, m.step, self.msg_bytes) for m in self.schedule.sends(self.rank)]
-        self.sends = sized
-        self.recvs = sorted(
-            (m if m.nbytes != WIRE else Msg(m.peer, m.step, self.msg_bytes) for m in self.schedule.recvs(self.rank)),
-            key=lambda m: m.step,
-        )
+        def sized(m: Msg) -> Msg:  # a pairwise message's length is the wire's: the recorded one
+            return m if m.nbytes != WIRE else Msg(m.peer, m.step, self.msg_bytes)
+
+        self.sends = [sized(m) for m in self.schedule.sends(self.rank)]
+        self.recvs = sorted(map(sized, self.schedule.recvs(self.rank)), key=lambda m: m.step)
         self._recv_steps = [m.step for m in self.recvs]
         self._expect: dict[int, deque[int]] = {}  # peer -> its receive steps, in order (FIFO per pair)
         for m in self.recvs:
