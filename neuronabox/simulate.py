@@ -16,6 +16,14 @@ backward pass) starts the recorded interval after the previous one's start.
 Optimizer steps keep their offset from the collective before them, and the
 iteration time is the median interval between them, as in a live run.
 
+The simulated rank answers the model at once; the live one paid its own software
+cost in each collective (Gloo's calls, the last reduction, its frames' write), which
+the recorded gaps do not hold, as they start at the collective's recorded end. So
+the replay charges each collective the recorded rank's cost for its kind and group:
+the median of its recorded span less the span a replay at the recorded world, under
+the recorded network, gives it (`software_costs`). `--punctual` drops the charge,
+for the network's times alone.
+
 Gather and scatter keep each rank's block, an alltoall each rank's tensor (its
 blocks shrink as the world grows). What it does not replay yet: point-to-point
 traffic and reduce (whose root a later gather names), which are counted and
@@ -63,6 +71,7 @@ class Op:
     end: float
     group: str = "0"
     world: int = 0  # its group's size, recorded
+    free: bool = False  # entered without waiting for the collective before it (see `mark_free`)
 
 
 @dataclass
@@ -93,7 +102,30 @@ def program_of(doc: dict) -> Program:
                       rec["group"], rec["world"]))  # fmt: skip
     ops.sort(key=lambda o: o.start)
     steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
+    mark_free(ops, steps)
     return Program(rank, doc["world_size"], ops, steps, skipped, groups)
+
+
+def mark_free(ops: list[Op], steps: list[float]) -> None:
+    """Mark the collectives the program enters without waiting for the one before.
+
+    The trace says when the rank entered a collective, not whether it had waited for
+    the previous one to end first. Where it entered while the previous was in flight,
+    it did not wait. A training loop does the same thing each iteration, so a
+    collective at the same place in another iteration (its index after the optimizer
+    step, kind, group and size) did not wait either, even where it happened to come
+    after the previous one's end (a DDP bucket whose predecessor was quick at the
+    recorded size). Without steps, each collective stands alone."""
+    key = []
+    at, last_iter = 0, -1
+    for op in ops:
+        it = bisect.bisect_right(steps, op.start)
+        at = at + 1 if it == last_iter else 0
+        last_iter = it
+        key.append((at, op.kind, op.group, op.nbytes) if steps else id(op))
+    overlapped = {key[i] for i in range(1, len(ops)) if ops[i].start < ops[i - 1].end}
+    for op, k in zip(ops, key, strict=True):
+        op.free = k in overlapped
 
 
 def scaled_groups(prog: Program, world: int, rank: int) -> dict[str, tuple[int, ...]]:
@@ -123,9 +155,9 @@ def scaled_groups(prog: Program, world: int, rank: int) -> dict[str, tuple[int, 
 def follows(prev: Op, op: Op) -> tuple[bool, float]:
     """How the recorded program entered `op` after `prev`: (True, gap) `gap` seconds
     after `prev` ended, or (False, offset) `offset` seconds after `prev` was entered,
-    while it was in flight (DDP's overlapping buckets). The replay and the Chakra
-    export keep this one rule."""
-    if op.start < prev.end:
+    not waiting for its end (DDP's overlapping buckets; `mark_free`). The replay and
+    the Chakra export keep this one rule."""
+    if op.free or op.start < prev.end:
         return False, op.start - prev.start
     return True, op.start - prev.end
 
@@ -182,8 +214,14 @@ class SimulateError(NeuronaBoxError, ValueError):
     """Bad input to a simulation: one line, exit status 2."""
 
 
-def simulate(prog: Program, world: int, timing, rank: int | None = None, on_record=None) -> Simulated:
-    """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming). `on_record(rec,
+Costs = dict[tuple[Kind, str], float]  # (kind, group) -> seconds the real rank adds to each
+
+
+def simulate(
+    prog: Program, world: int, timing, rank: int | None = None, on_record=None, costs: Costs | None = None
+) -> Simulated:
+    """Replay `prog` at `world` ranks under `timing` (a ReleaseTiming), each collective
+    ending `costs` later for the real rank than the network lets it. `on_record(rec,
     open_entries)` sees each finished instance, with the simulated rank's entry into
     those still in flight (TraceWriter.instance's watermark)."""
     from neuronabox.controller.dialects.gloo.virtual import VirtualRun
@@ -193,8 +231,14 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
         rank = 0
     t_wall = time.perf_counter()
     records: list = []
+    costs = costs or {}
 
     def complete(rec) -> None:
+        cost = costs.get((Kind(rec.kind), rec.group), 0.0)
+        if cost and rank in rec.per_rank:
+            a, b = rec.per_rank[rank]
+            rec.per_rank[rank] = (a, b + cost)
+            rec.end = max(rec.end, b + cost)
         if on_record is None:
             records.append(rec)
         else:
@@ -220,12 +264,13 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
                 launch(nxt, at + offset)
 
     def finished(i: int, sim) -> None:
-        ends[i] = (starts[i], sim.done)
+        end = sim.done + costs.get((ops[i].kind, ops[i].group), 0.0)
+        ends[i] = (starts[i], end)
         nxt = i + 1
         if nxt < len(ops):
             after_end, gap = follows(ops[i], ops[nxt])
             if after_end:
-                launch(nxt, sim.done + gap)
+                launch(nxt, end + gap)
 
     if ops:
         launch(0, 0.0)
@@ -244,6 +289,34 @@ def simulate(prog: Program, world: int, timing, rank: int | None = None, on_reco
     return Simulated(world, done, steps, iteration, records, prog.skipped, time.perf_counter() - t_wall)
 
 
+def software_costs(prog: Program, recorded_timing) -> Costs:
+    """What the recorded real rank spent in each kind of collective beyond the network:
+    per kind and group, the median of its recorded span less the span a replay at the
+    recorded world under `recorded_timing` (the recorded network) gives it, never below
+    zero. The median keeps one slow call from being charged to every call."""
+    sim = simulate(prog, prog.world, recorded_timing)
+    excess: dict[tuple[Kind, str], list[float]] = {}
+    for op, (a, b) in zip(prog.ops, sim.ends, strict=True):
+        excess.setdefault((op.kind, op.group), []).append((op.end - op.start) - (b - a))
+    return {key: max(0.0, statistics.median(xs)) for key, xs in excess.items()}
+
+
+def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, model_name: str | None,
+               inject: list[str] | None):  # fmt: skip
+    """The release timing for `nnodes` x `nproc` ranks, with the trace's topology, model
+    and injections where none is given; and the topology, model name and what-ifs."""
+    from neuronabox.controller.release import ReleaseTiming
+
+    model_name = model_name or doc.get("delay_model") or "alpha-beta"
+    try:
+        topo = recorded_topology(doc, topology_name).with_nodes(nnodes, nproc)
+        model = delay_models.load(model_name, topo)
+        whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
+    except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
+        raise SimulateError(str(exc)) from None
+    return ReleaseTiming(model, whatif), topo, model_name, whatif
+
+
 def run_simulation(
     doc: dict,
     source: str,
@@ -253,25 +326,20 @@ def run_simulation(
     model_name: str | None = None,
     inject: list[str] | None = None,
     out: str | None = None,
+    punctual: bool = False,
 ) -> tuple[Simulated, tracefile.RunTotals, str]:
     """Simulate a loaded trace (`source`: its path, for the new trace's header); unset
-    options come from the trace. Returns the simulation, its totals and its report."""
-    from neuronabox.controller.release import ReleaseTiming
-
-    nnodes = nnodes or doc.get("nnodes") or doc["world_size"]
-    nproc = nproc or doc.get("nproc_per_node") or 1
+    options come from the trace. `punctual`: charge the real rank no software cost.
+    Returns the simulation, its totals and its report."""
+    rec_nodes = doc.get("nnodes") or doc["world_size"]
+    rec_nproc = doc.get("nproc_per_node") or 1
+    nnodes, nproc = nnodes or rec_nodes, nproc or rec_nproc
     if nnodes < 1 or nproc < 1:
         raise SimulateError("--nnodes and --nproc-per-node must be at least 1")
     world = nnodes * nproc
-    model_name = model_name or doc.get("delay_model") or "alpha-beta"
-    try:
-        topo = recorded_topology(doc, topology_name).with_nodes(nnodes, nproc)
-        model = delay_models.load(model_name, topo)
-        whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
-    except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
-        raise SimulateError(str(exc)) from None
-    timing = ReleaseTiming(model, whatif)
+    timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject)
     prog = program_of(doc)
+    costs = {} if punctual else software_costs(prog, network_of(doc, rec_nodes, rec_nproc, None, None, None)[0])
     writer = None
     if out:
         header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
@@ -287,14 +355,14 @@ def run_simulation(
         if writer is not None:
             writer.instance(rec, open_entries)
 
-    sim = simulate(prog, world, timing, on_record=on_record)
+    sim = simulate(prog, world, timing, on_record=on_record, costs=costs)
     for t in sim.steps:
         totals.step(prog.rank, t)
         if writer is not None:
             writer.step(prog.rank, t)
     if writer is not None:
         writer.close({"state": "stopped", "error": "", "inject": whatif.specs(), "release": {"timed_releases": 0}})
-    return sim, totals, report(sim, totals, world, prog, model_name, topo.name, whatif)
+    return sim, totals, report(sim, totals, world, prog, model_name, topo.name, whatif, costs)
 
 
 def recorded_topology(doc: dict, name_or_file: str | None) -> topology.Topology:
@@ -328,11 +396,16 @@ def simulate_main(argv: list[str]) -> int:
     p.add_argument("--delay-model")
     p.add_argument("--inject", action="append", default=None)
     p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
+    p.add_argument(
+        "--punctual",
+        action="store_true",
+        help="charge the real rank no software cost per collective: the network's times alone",
+    )
     ns = p.parse_args(argv)
     try:
         doc = load_trace(ns.trace)
         _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
-                                    ns.inject, ns.out)  # fmt: skip
+                                    ns.inject, ns.out, ns.punctual)  # fmt: skip
     except SimulateError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
@@ -343,13 +416,19 @@ def simulate_main(argv: list[str]) -> int:
     return 0
 
 
-def report(sim: Simulated, totals, world: int, prog: Program, model: str, topo: str, whatif: WhatIf) -> str:
+def report(
+    sim: Simulated, totals, world: int, prog: Program, model: str, topo: str, whatif: WhatIf, costs: Costs
+) -> str:
     from .busbw import bandwidths
 
+    charged = ", ".join(f"{k.value}{'' if g == '0' else f' (group {g})'} {c * 1e3:.3f} ms"
+                        for (k, g), c in sorted(costs.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
+                        if c > 0)  # fmt: skip
     lines = [
         "NeuronaBox simulation",
         f"  world size      {world}   (recorded at {prog.world})",
-        f"  real rank       {prog.rank} (simulated, punctual)",
+        f"  real rank       {prog.rank} (simulated, "
+        + (f"its recorded cost per collective: {charged})" if charged else "punctual)"),
         f"  network         {model} on {topo}" + "".join(f"  +{s}" for s in whatif.specs()),
         "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
         "   algbw    busbw (GB/s)",

@@ -38,16 +38,50 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
         want = sorted((i["kind"], i["nbytes"]) for i in live["instances"] if i["kind"] != "allreduce")
         got = sorted((i["kind"], i["nbytes"]) for i in doc["instances"] if i["kind"] != "allreduce")
         assert [k for k, _ in got] == [k for k, _ in want]
-        for rec in doc["instances"]:  # the simulated rank is punctual: it lives the model's time
-            if rec["kind"] == "broadcast":  # a root's frames all leave on entry; its model time is its sends'
-                continue
-            (a, b), = rec["per_rank"].values()
-            assert b - a == pytest.approx(rec["model_us"], rel=1e-6, abs=2e-3)
+        # The simulated rank lives the model's time plus one charge per kind: the recorded rank's own cost.
+        assert_charged(doc, {"allreduce", "allgather"})
     assert sims[8][0] < sims[64][0] < sims[1024][0]  # rings grow with the world under alpha-beta
     # The simulated trace is a program too: replayed at its own size, it gives itself back.
     res = run("simulate", str(sims[64][1]), "--nnodes", "64")
     assert res.rc == 0, res.err
     assert iteration_ms(res.out) == pytest.approx(sims[64][0], rel=1e-3)
+
+
+def assert_charged(doc: dict, kinds: set[str], punctual: bool = False) -> dict[str, float]:
+    """Each instance of each of `kinds` on the simulated rank took its model time plus
+    the same charge (none when `punctual`); returns the charges."""
+    excess: dict[str, list[float]] = {}
+    for rec in doc["instances"]:
+        if rec["kind"] in kinds:  # (a broadcast root's model time is its sends', not its span)
+            ((a, b),) = rec["per_rank"].values()
+            excess.setdefault(rec["kind"], []).append(b - a - rec["model_us"])
+    assert set(excess) == kinds
+    for kind, xs in excess.items():
+        assert max(xs) - min(xs) < 0.01, (kind, min(xs), max(xs))
+        assert min(xs) > -0.01 and (max(xs) < 0.01 if punctual else True)
+    return {k: xs[0] for k, xs in excess.items()}
+
+
+def test_a_punctual_rank_lives_the_models_time(run, live_trace, tmp_path):
+    """The charge is the recorded rank's: positive on a live trace, named in the
+    report; `--punctual` drops it and the iteration is shorter by about as much."""
+    runs = {}
+    for mode in ("charged", "punctual"):
+        out = tmp_path / f"{mode}.jsonl"
+        res = run("simulate", str(live_trace), "--nnodes", "64", "--trace", str(out),
+                  *(["--punctual"] if mode == "punctual" else []))  # fmt: skip
+        assert res.rc == 0, res.err
+        runs[mode] = (res.out, load(out))
+    charged, punctual = runs["charged"], runs["punctual"]
+    cost = assert_charged(charged[1], {"allreduce"})["allreduce"]
+    assert_charged(punctual[1], {"allreduce"}, punctual=True)
+    assert cost > 1.0  # microseconds: Gloo's calls and the last reduction are never free
+    shown = re.search(r"its recorded cost per collective: .*allreduce ([0-9.]+) ms", charged[0])
+    assert shown and float(shown.group(1)) == pytest.approx(cost / 1e3, abs=1e-3)
+    assert "(simulated, punctual)" in punctual[0]
+    per_step = sum(1 for r in charged[1]["instances"] if r["kind"] == "allreduce") / len(charged[1]["steps"])
+    saved = iteration_ms(charged[0]) - iteration_ms(punctual[0])
+    assert saved == pytest.approx(per_step * cost / 1e3, rel=0.25)
 
 
 def test_what_if_reaches_the_simulation(run, live_trace):
@@ -162,3 +196,26 @@ def test_every_replayed_kind_runs_through_the_engine(run, tmp_path):
         assert got == want
         skipped = re.search(r"not replayed\s+(.*)", res.out).group(1)
         assert {s.split(" x")[0] for s in skipped.split(", ")} <= {"reduce", "send", "recv"}
+
+
+def test_a_collective_that_overlapped_once_never_waits():
+    """The trace does not say whether a collective waited for the one before it; one
+    that overlapped its predecessor in any iteration did not, and neither does the
+    same collective (place after the step, kind, group, size) in the other iterations."""
+    from neuronabox.schedules import Kind
+    from neuronabox.simulate import Op, follows, mark_free
+
+    ops, steps = [], []
+    for it, t in enumerate((0.0, 1.0, 2.0)):  # two buckets per iteration; they overlap in the second only
+        second = t + (0.05 if it == 1 else 0.2)
+        ops += [
+            Op(Kind.ALLREDUCE, 1 << 20, 4, None, t, t + 0.1),
+            Op(Kind.ALLREDUCE, 4 << 20, 4, None, second, second + 0.1),
+        ]
+        steps.append(t + 0.5)
+    mark_free(ops, steps)
+    assert [op.free for op in ops] == [False, True] * 3
+    assert follows(ops[0], ops[1]) == (False, pytest.approx(0.2))  # the offset from its predecessor's entry
+    assert follows(ops[1], ops[2]) == (True, pytest.approx(0.7))  # after the step: the gap from its end
+    mark_free(ops, [])  # no steps: each collective stands alone
+    assert [op.free for op in ops] == [False, False, False, True, False, False]
