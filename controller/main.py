@@ -123,6 +123,7 @@ class Controller:
         self.hub.on_group = self._on_group
         self.hub.on_anysource = self._on_anysource
         self.hub.on_step = self._on_step
+        self.hub.on_dtypes = self._on_dtypes
         self._queries: dict[int, tuple[str, int, int]] = {}
         self._qid = 0
         self.finished = threading.Event()  # the loop has stopped and the state is final
@@ -167,6 +168,10 @@ class Controller:
         self.watchdog.touch(rank, time.monotonic())
         if self.trace is not None:
             self.trace.step(rank, t)
+
+    def _on_dtypes(self, dtypes: list[list]) -> None:
+        if self.trace is not None:
+            self.trace.dtypes(dtypes)
 
     def _open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
         conn = self.conns.get((group.name, real, emu))

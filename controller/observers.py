@@ -1,6 +1,7 @@
 """The controller's end of the observer link: real ranks' observers dial in, the
 controller asks them for what the wire does not carry (an allreduce's element
-count and size) and hears of groups, receives from any source and optimizer steps. JSON lines over TCP.
+count and size) and hears of groups, receives from any source, optimizer steps and
+the dtypes of the collectives issued. JSON lines over TCP.
 
 The port is open to every local process, so a connection counts only once its first
 line is the run's hello, carrying the secret the controller wrote to its ready file
@@ -34,6 +35,7 @@ FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "group": (("group", str), ("ranks", list)),
     "anysource": (("anysource", str), ("tag", int), ("nbytes", int)),
     "step": (("t", (int, float)),),
+    "dtypes": (("dtypes", list),),
     "q": (("q", int),),
 }
 OPTIONAL = {"numel": int, "dtype": str, "root": int, "data": str, "op": str, "splits": list}  # in replies
@@ -65,6 +67,7 @@ class ObserverHub:
         self._strangers: dict[socket.socket, str] = {}  # connected, no hello yet: their address
         self._line_max: dict[int, int] = {}  # a rank's line limit, once raised past PEER_LINE_MAX
         self.on_step: Callable[[int, float], None] | None = None  # (real rank, time) of an optimizer step
+        self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
@@ -164,7 +167,7 @@ class ObserverHub:
             raise ObserverError(
                 f"the observer of real rank {rank} sent a line that is not a JSON object ({why}): {bytes(line[:80])!r}"
             )
-        key = next((k for k in ("hello", "group", "anysource", "step", "q") if k in msg), None)
+        key = next((k for k in ("hello", "group", "anysource", "step", "dtypes", "q") if k in msg), None)
         if key is None or key == "hello":  # a repeated hello, or a message of a later observer: nothing to do
             return
         for name, kind in FIELDS[key]:
@@ -181,6 +184,11 @@ class ObserverHub:
         elif key == "step":
             if self.on_step:
                 self.on_step(rank, msg["t"])
+        elif key == "dtypes":
+            if not all(isinstance(d, list) and list(map(type, d)) == [str, int, str] for d in msg["dtypes"]):
+                self._malformed(rank, key, "dtypes", msg)
+            if self.on_dtypes:
+                self.on_dtypes(msg["dtypes"])
         elif self.on_reply:
             for name, kind in OPTIONAL.items():
                 if msg.get(name) is not None and not isinstance(msg[name], kind):

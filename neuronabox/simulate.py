@@ -12,7 +12,8 @@ collective keeps its recorded size; its time is what the model gives at the new
 world size. A collective the rank entered after the previous one ended waits for
 that end plus the recorded gap (the rank computed, or waited on something else);
 one it entered while the previous was in flight (DDP's buckets overlap the
-backward pass) starts the recorded interval after the previous one's start.
+backward pass), or whose place in the iteration did so in another iteration
+(`mark_free`), starts the recorded interval after the previous one's start.
 Optimizer steps keep their offset from the collective before them, and the
 iteration time is the median interval between them, as in a live run.
 

@@ -8,8 +8,10 @@ a group's collective completes (`{"group": {...}}`); one line per collective
 instance or point-to-point message (`{"instance": {...}}`); a real rank's compute
 gap once no collective it may still be in began before the gap ended
 (`{"gap": [rank, from_us, to_us]}`); an optimizer step (`{"step": [rank, t_us]}`);
-and a footer line (`{"end": {...}}`) when the run stops. A trace without a footer
-is a run that was cut off; its lines up to the cut are still good.
+the dtypes the real ranks' flight recorders give for collectives (`{"dtypes":
+[[group, seq, dtype], ...]}`, joined to their instances by `load`); and a footer
+line (`{"end": {...}}`) when the run stops. A trace without a footer is a run
+that was cut off; its lines up to the cut are still good.
 
 `load` reads a whole trace into one document (for tests and short runs);
 `events` streams it; `ends` reads only the header and footer.
@@ -33,6 +35,8 @@ FORMAT = "neuronabox-trace"
 VERSION = 2
 STEP_WINDOW = 4096  # intervals kept per real rank for the iteration time's median
 DTYPE_OF_SIZE = {1: "Byte", 2: "Half", 4: "Float", 8: "Double"}  # the wire's guess when the observer did not say
+SIZE_OF_DTYPE = {"Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Half": 2, "BFloat16": 2, "Int": 4, "Float": 4,
+                 "Long": 8, "Double": 8, "ComplexFloat": 8, "ComplexDouble": 16}  # c10's names  # fmt: skip
 
 
 class TraceError(NeuronaBoxError, ValueError):
@@ -122,6 +126,7 @@ class TraceWriter:
         self.path = Path(path)
         self._offset = epoch_offset
         self._groups: set[str] = set()
+        self._dtyped: dict[str, int] = {}  # group -> the last tag whose dtype is written
         self._gaps = GapTracker()
         self._f: IO[str] | None = open(self.path, "w", buffering=1 << 16)  # noqa: SIM115 - closed in close()
         self._write({"format": FORMAT, "version": VERSION, "clock": "epoch_us", **header})
@@ -150,6 +155,16 @@ class TraceWriter:
         for rank, a, b in self._gaps.settle(open_entries):
             self._write({"gap": [rank, self._us(a), self._us(b)]})
 
+    def dtypes(self, found: list[list]) -> None:
+        """[group, seq, dtype] of collectives an observer read from its flight recorder;
+        each once (every real rank reports its groups'), whether or not its instance
+        line is written yet (`load` joins them)."""
+        new = [d for d in found if d[1] > self._dtyped.get(d[0], -1)]
+        for group, seq, _ in new:
+            self._dtyped[group] = max(self._dtyped.get(group, -1), seq)
+        if new:
+            self._write({"dtypes": new})
+
     def step(self, rank: int, t_epoch: float) -> None:
         """An optimizer step at `t_epoch` (epoch seconds: the observer reads the wall clock)."""
         self._write({"step": [rank, round(t_epoch * 1e6, 3)]})
@@ -165,7 +180,8 @@ class TraceWriter:
 
 def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
     """(what, value) for each line: ("header", dict), ("group", dict), ("instance", dict),
-    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("end", dict). Raises
+    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("dtypes", [[group, seq,
+    dtype], ...]), ("end", dict). Raises
     TraceError on a file that is not a trace of this version."""
     with open(path) as f:
         first = f.readline()
@@ -193,8 +209,10 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
 def load(path: str | os.PathLike) -> dict:
     """The whole trace as one document: the header's fields, `groups` (name -> global
     ranks; the default group's are the world's), `instances`, `gaps`, `steps`, and the
-    footer's fields (`complete` says whether the run wrote its footer)."""
+    footer's fields (`complete` says whether the run wrote its footer). A collective's
+    dtype from a `dtypes` line fills its instance, and its element count with it."""
     doc: dict = {"instances": [], "gaps": [], "steps": [], "groups": {}, "complete": False}
+    dtypes: dict[tuple[str, int], str] = {}
     for what, value in events(path):
         if what == "header":
             doc.update({k: v for k, v in value.items() if k not in ("format", "version")})
@@ -206,9 +224,18 @@ def load(path: str | os.PathLike) -> dict:
             doc["gaps"].append(value)
         elif what == "step":
             doc["steps"].append(value)
+        elif what == "dtypes":
+            dtypes.update(((group, seq), dtype) for group, seq, dtype in value)
         elif what == "end":
             doc.update(value)
             doc["complete"] = True
+    if dtypes:
+        for rec in doc["instances"]:
+            dtype = dtypes.get((rec["group"], rec["seq"])) if rec["kind"] not in ("send", "recv") else None
+            if dtype is not None:
+                rec["dtype"] = dtype
+                size = SIZE_OF_DTYPE.get(dtype)
+                rec["numel"] = rec["nbytes"] // size if size else rec["numel"]
     return doc
 
 

@@ -49,8 +49,8 @@ def test_chrome_export_is_structurally_sound(run, two_rank_trace, tmp_path):
         assert REQUIRED_ARGS <= set(e["args"])
     ar = [e["args"] for e in colls if e["name"] == "allreduce"]
     assert ar and all(a["Group size"] == 8 and json.loads(a["Process Group Ranks"]) == list(range(8)) for a in ar)
-    for a in ar:  # the element count and dtype where the observer told them (the wire alone does not)
-        assert (a["dtype"], a["In msg nelems"]) == ("unknown", -1) or (a["dtype"] == "Float" and a["In msg nelems"] > 0)
+    for a in ar:  # the element count and dtype: the flight recorder's, reported by the observer after each step
+        assert a["dtype"] == "Float" and a["In msg nelems"] > 0, a
     steps = [e for e in events if e["ph"] == "i"]
     assert len(steps) == 8  # four optimizer steps on each real rank
     first_step = min(e["ts"] for e in steps)
@@ -154,7 +154,7 @@ def test_gaps_wait_for_the_collectives_still_open():
 
 
 def test_the_trace_is_schema_2_on_one_clock(two_rank_trace):
-    from neuronabox.trace import events
+    from neuronabox.trace import SIZE_OF_DTYPE, events
 
     lines = list(events(two_rank_trace))
     header = lines[0][1]
@@ -169,8 +169,11 @@ def test_the_trace_is_schema_2_on_one_clock(two_rank_trace):
                 "boundary_messages", "start_us", "end_us"} <= set(rec)  # fmt: skip
         assert lo <= rec["start_us"] <= rec["end_us"] < hi
         assert set(rec["per_rank"]) <= {"0", "3"}
-        if rec["numel"] is not None and rec["dtype"] == "Float":
-            assert rec["numel"] * 4 == rec["nbytes"]
+        # Every dtype is the flight recorder's, reported by the observer after each step (DDP's first
+        # broadcast is int64 parameter shapes, where the wire's element size alone would say Double).
+        assert rec["dtype"] in SIZE_OF_DTYPE and rec["numel"] * SIZE_OF_DTYPE[rec["dtype"]] == rec["nbytes"], rec
+        assert rec["dtype"] == "Float" or rec["kind"] != "allreduce"
+    assert "dtypes" in kinds  # the observers' reports, joined by `load`
     for rank, t in doc["steps"]:
         assert rank in (0, 3) and lo <= t < hi  # the observer's wall clock: the same epoch clock
     # Each rank's gaps lie between its collectives, never inside one.

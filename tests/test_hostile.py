@@ -261,6 +261,9 @@ def hub_with_peer(secret: str = "s3cret", rank: int = 3):
         (b'{"step": 1}', "'t'"),
         (b'{"anysource": "0", "tag": "x", "nbytes": 4}', "'tag'"),
         (b'{"group": "g", "ranks": [0, "a"]}', "'ranks'"),
+        (b'{"dtypes": [["0", 1]]}', "'dtypes'"),
+        (b'{"dtypes": [["0", "1", "Float"]]}', "'dtypes'"),
+        (b'{"dtypes": {"0": 1}}', "'dtypes'"),
     ],
 )
 def test_an_authenticated_observers_bad_line_is_a_clear_error(line, cause):

@@ -44,6 +44,8 @@ C10D = "torch.distributed.distributed_c10d"
 DDP = "torch.nn.parallel.distributed"
 MIRROR = os.environ.get("NEURONABOX_DATA") == "mirror"
 INPUT_WAIT_S = 60.0  # how long a question for an input waits for its call to enter
+DTYPES_EVERY_S = 1.0  # the dtypes of the collectives issued are reported at each step, or this often
+_dtypes_due = threading.Event()
 
 
 class _WrapOnLoad(importlib.abc.MetaPathFinder):
@@ -118,6 +120,7 @@ def _serve(host: str, port: int) -> None:
         _early.clear()
         _sock = s
     threading.Thread(target=_hook_steps, name="neuronabox-steps", daemon=True).start()
+    threading.Thread(target=_report_dtypes, name="neuronabox-dtypes", daemon=True).start()
     buf = b""
     waiting: list[tuple[dict, float]] = []  # input questions whose call has not entered yet
     while True:
@@ -153,6 +156,26 @@ def _serve(host: str, port: int) -> None:
         waiting = still
 
 
+def _report_dtypes() -> None:
+    """Each collective's dtype, from the flight recorder, after each optimizer step (or
+    every DTYPES_EVERY_S): one dump per report, on this thread, not the collectives'."""
+    reported: dict[str, int] = {}
+    while True:
+        _dtypes_due.wait(DTYPES_EVERY_S)
+        _dtypes_due.clear()
+        try:
+            found = calls.dtypes_since(calls.flight_records(), reported)
+        except Exception:  # no recorder (TORCH_FR_BUFFER_SIZE=0), or torch going down: dtypes stay unknown
+            continue
+        if found:
+            _send({"dtypes": found})
+
+
+def _stepped(*_) -> None:
+    _send({"step": 1, "t": time.time()})
+    _dtypes_due.set()
+
+
 def _hook_steps() -> None:
     """Register the step hook once the script has imported torch.optim itself
     (importing it from this thread could deadlock with the main thread's import)."""
@@ -162,7 +185,7 @@ def _hook_steps() -> None:
         mod = sys.modules.get("torch.optim.optimizer")
         hook = getattr(mod, "register_optimizer_step_post_hook", None)
         if hook is not None and getattr(sys.modules.get("torch.optim"), "SGD", None) is not None:
-            hook(lambda *_: _send({"step": 1, "t": time.time()}))
+            hook(_stepped)
             return
         time.sleep(0.05)
 

@@ -80,6 +80,24 @@ def flight_records() -> list[dict]:
     return pickle.loads(C._dump_fr_trace(True, False, False)).get("entries", [])
 
 
+def dtypes_since(entries: list[dict], reported: dict[str, int]) -> list[list]:
+    """[group, tag, dtype] of each collective issued since the last report (`reported`:
+    group -> the last tag reported, updated here). The trace fills the instances'
+    dtype and element count with them, off the collectives' path (a DDP bucket's
+    shape is fixed by the wire, so nobody asks the observer for it)."""
+    found = []
+    for e in entries:
+        group, tag = e["process_group"][0], e.get("collective_seq_id", 0) - 1
+        name = e.get("profiling_name", "")
+        if tag < 0 or not e.get("input_dtypes") or not name.startswith("gloo:") or name.endswith(("send", "recv")):
+            continue
+        if tag > reported.get(group, -1):
+            found.append([group, tag, e["input_dtypes"][0]])
+    for group, tag, _ in found:
+        reported[group] = max(reported.get(group, -1), tag)
+    return found
+
+
 def _entry(entries: list[dict], group: str, tag: int) -> dict | None:
     """The group's collective with this tag (the recorder's ids count from 1, tags from 0)."""
     for e in reversed(entries):
