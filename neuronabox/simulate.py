@@ -236,9 +236,10 @@ def simulate(
 
     def complete(rec) -> None:
         cost = costs.get((Kind(rec.kind), rec.group), 0.0)
-        if cost and rank in rec.per_rank:
-            a, b = rec.per_rank[rank]
-            rec.per_rank[rank] = (a, b + cost)
+        me = rec.ranks.index(rank) if rec.ranks and rank in rec.ranks else rank  # per_rank is by group rank
+        if cost and me in rec.per_rank:
+            a, b = rec.per_rank[me]
+            rec.per_rank[me] = (a, b + cost)
             rec.end = max(rec.end, b + cost)
         if on_record is None:
             records.append(rec)
