@@ -423,9 +423,8 @@ def report(
 ) -> str:
     from .busbw import bandwidths
 
-    charged = ", ".join(f"{k.value}{'' if g == '0' else f' (group {g})'} {c * 1e3:.3f} ms"
-                        for (k, g), c in sorted(costs.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
-                        if c > 0)  # fmt: skip
+    charged = ", ".join(f"{k}{'' if g == '0' else f' (group {g})'} {c * 1e3:.3f} ms"
+                        for (k, g), c in sorted(costs.items()) if c > 0)  # fmt: skip
     lines = [
         "NeuronaBox simulation",
         f"  world size      {world}   (recorded at {prog.world})",

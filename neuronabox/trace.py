@@ -30,6 +30,7 @@ from statistics import median
 from typing import IO, Protocol
 
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.schedules.kinds import POINT_TO_POINT
 
 FORMAT = "neuronabox-trace"
 VERSION = 2
@@ -231,7 +232,7 @@ def load(path: str | os.PathLike) -> dict:
             doc["complete"] = True
     if dtypes:
         for rec in doc["instances"]:
-            dtype = dtypes.get((rec["group"], rec["seq"])) if rec["kind"] not in ("send", "recv") else None
+            dtype = dtypes.get((rec["group"], rec["seq"])) if rec["kind"] not in POINT_TO_POINT else None
             if dtype is not None:
                 rec["dtype"] = dtype
                 size = SIZE_OF_DTYPE.get(dtype)

@@ -58,7 +58,9 @@ def assert_charged(doc: dict, kinds: set[str], punctual: bool = False) -> dict[s
     assert set(excess) == kinds
     for kind, xs in excess.items():
         assert max(xs) - min(xs) < 0.01, (kind, min(xs), max(xs))
-        assert min(xs) > -0.01 and (max(xs) < 0.01 if punctual else True)
+        assert min(xs) > -0.01
+        if punctual:
+            assert max(xs) < 0.01
     return {k: xs[0] for k, xs in excess.items()}
 
 
