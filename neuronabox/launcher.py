@@ -92,8 +92,10 @@ def free_port(host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
 
 
 def register(path: Path, entry: dict) -> None:
-    """A run's registry entry, readable by this user only (it holds the control token)."""
-    tmp = path.with_suffix(".tmp")
+    """A run's registry entry, readable by this user only (it holds the control token).
+    The temporary file is this process's own: runs started together all write
+    latest.json, and a shared temporary name lets one rename the other's away."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(entry, f)
     os.replace(tmp, path)
