@@ -12,6 +12,19 @@ collective crosses; n is the message size in bytes, W the world size.
 | reduce | ring reduce-scatter, then chunks to the root | W alpha + 2 (W-1)/W n/beta |
 | gather, scatter | flat: every message posted at once, the root's link serializes | alpha + (W-1)/W n/beta |
 | alltoall | pairwise, every message posted at once | alpha + (W-1)/W n/beta |
+| reduce_scatter | ring | (W-1) alpha + (W-1)/W n/beta (n: the whole input) |
+
+NCCL's own formulas (`nccl-ring`, `nccl-tree`; NVIDIA/nccl src/graph/tuning.cc
+ncclTopoTuneModel, every rank alone on its node): a ring takes nsteps hops of
+latency and moves the bytes at the bus bandwidth scaled by W/nsteps; the double
+binary tree climbs and descends log2(W) levels and moves every byte twice.
+
+| kind | nsteps | ring | tree |
+| --- | --- | --- | --- |
+| allreduce | 2(W-1) | 2(W-1) alpha + 2 (W-1)/W n/beta | 2 floor(log2 W) alpha + 2 n/beta |
+| allgather, reduce_scatter | W-1 | (W-1) alpha + (W-1)/W n/beta | (ring) |
+| broadcast, reduce | W | W alpha + n/beta | (ring) |
+| barrier | | an allreduce of one float | |
 """
 
 from __future__ import annotations
@@ -24,13 +37,20 @@ from neuronabox.schedules import Kind
 
 from . import FREE, path_time
 
+FORMULAS = ("classic", "nccl-ring", "nccl-tree")
+
 
 class CollectiveFormulas:
     name = "collective"
 
-    def __init__(self, topology: Topology, allreduce: str = "ring") -> None:
+    def __init__(self, topology: Topology, allreduce: str = "ring", formulas: str = "classic") -> None:
+        if formulas not in FORMULAS:
+            raise ValueError(f"unknown collective formulas {formulas!r}; known: {', '.join(FORMULAS)}")
         self.topology = topology
         self.allreduce = allreduce
+        self.formulas = formulas
+        if formulas != "classic":
+            self.name = formulas
 
     @property
     def local_work(self) -> HostWork:
@@ -67,6 +87,8 @@ class CollectiveFormulas:
             return 0.0
         a, b = self._alpha_beta(world)
         w = world
+        if self.formulas != "classic" and kind not in (Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL):
+            return self._nccl_time(kind, nbytes, w, a, b)
         if kind == Kind.ALLREDUCE:
             if self.allreduce == "recursive-doubling":
                 return math.log2(w) * (a + nbytes / b)
@@ -81,4 +103,33 @@ class CollectiveFormulas:
             return w * a + 2 * (w - 1) / w * nbytes / b
         if kind in (Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL):
             return a + (w - 1) / w * nbytes / b
+        if kind == Kind.REDUCE_SCATTER:
+            return (w - 1) * a + (w - 1) / w * nbytes / b
         raise ValueError(f"no cost formula for collective kind {kind!r}")
+
+    def _nccl_time(self, kind: str, nbytes: int, w: int, a: float, b: float) -> float:
+        """NCCL's tuning model: latency per step, bytes at the bus bandwidth."""
+        if kind == Kind.BARRIER:
+            kind, nbytes = Kind.ALLREDUCE, 4
+        if kind == Kind.ALLREDUCE and self.formulas == "nccl-tree":
+            return 2 * (w.bit_length() - 1) * a + 2 * nbytes / b
+        if kind == Kind.ALLREDUCE:
+            nsteps = 2 * (w - 1)
+        elif kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER):
+            nsteps = w - 1
+        elif kind in (Kind.BROADCAST, Kind.REDUCE):
+            nsteps = w
+        else:
+            raise ValueError(f"no NCCL formula for collective kind {kind!r}")
+        bus_to_alg = w / nsteps
+        return nsteps * a + nbytes / (b * bus_to_alg)
+
+
+def nccl_ring(topology: Topology) -> CollectiveFormulas:
+    """The `nccl-ring` delay model: NCCL's ring formulas (NCCL_ALGO=Ring)."""
+    return CollectiveFormulas(topology, formulas="nccl-ring")
+
+
+def nccl_tree(topology: Topology) -> CollectiveFormulas:
+    """The `nccl-tree` delay model: NCCL's tree allreduce, its ring for the rest."""
+    return CollectiveFormulas(topology, formulas="nccl-tree")

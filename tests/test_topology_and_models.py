@@ -12,7 +12,7 @@ from neuronabox.topology import PRESETS, HostWork, LinkClass, Topology, Topology
 from neuronabox.topology import load as load_topology
 from neuronabox.topology.presets import from_dict, parse_bandwidth, parse_latency
 
-from neuronabox.schedules import COLLECTIVE_KINDS
+from neuronabox.schedules import GLOO_COLLECTIVES
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
     DisseminationBarrier,
@@ -198,7 +198,7 @@ def slower(t: Topology, latency: float = 1.0, bandwidth: float = 1.0) -> Topolog
 
 
 @pytest.mark.parametrize("model", ["alpha-beta", "collective"])
-@pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
+@pytest.mark.parametrize("kind", GLOO_COLLECTIVES)
 def test_models_are_monotone(model, kind):
     """More latency, less bandwidth, a larger world: never faster."""
     base = load_topology("ib-100g").with_nodes(1024, 1)
@@ -236,7 +236,7 @@ def test_alpha_beta_walks_gloos_schedule():
         m.collective_time("allreduce", n, 8)
 
 
-@pytest.mark.parametrize("kind", COLLECTIVE_KINDS)
+@pytest.mark.parametrize("kind", GLOO_COLLECTIVES)
 def test_collective_formulas_spread_over_the_schedule(kind):
     """Walking the schedule with the collective model's hop gives the formula's time."""
     t = load_topology("cpu-25gbe").with_nodes(256, 1)

@@ -16,6 +16,7 @@ class Kind(str, Enum):
     BROADCAST = "broadcast"
     BARRIER = "barrier"
     REDUCE = "reduce"
+    REDUCE_SCATTER = "reduce_scatter"  # NCCL only: Gloo's dialect has no schedule for it
     GATHER = "gather"
     SCATTER = "scatter"
     ALLTOALL = "alltoall"
@@ -30,3 +31,6 @@ class Kind(str, Enum):
 POINT_TO_POINT = (Kind.SEND, Kind.RECV)
 COLLECTIVE_KINDS = tuple(k for k in Kind if k not in POINT_TO_POINT)
 KINDS = tuple(Kind)
+NCCL_ONLY = (Kind.REDUCE_SCATTER,)
+GLOO_KINDS = tuple(k for k in Kind if k not in NCCL_ONLY)  # what the Gloo dialect schedules
+GLOO_COLLECTIVES = tuple(k for k in COLLECTIVE_KINDS if k not in NCCL_ONLY)
