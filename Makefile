@@ -8,14 +8,17 @@ NNODES ?= 64
 
 .PHONY: setup demo test lint bench clean
 
-# The native code (controller/native, neuronabox/schedules/native) is built by pip through pyproject's backend.
+# The native code (controller/native, neuronabox/schedules/native) is built by pip through pyproject's backend;
+# the NCCL plugins (nccl_patch/, plain C, gcc only) by their own Makefile, here and on every `make setup`.
 $(BIN)/neuronabox: pyproject.toml $(wildcard controller/native/*.h controller/native/*.cc neuronabox/schedules/native/*.h neuronabox/schedules/native/*.cc)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	$(MAKE) -C nccl_patch
 	touch $@
 
 setup: $(BIN)/neuronabox
+	$(MAKE) -C nccl_patch
 
 demo: setup
 	$(BIN)/neuronabox torchrun --nnodes $(NNODES) --nproc-per-node 1 examples/train_ddp.py --steps 5
@@ -29,3 +32,4 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+	$(MAKE) -C nccl_patch clean
