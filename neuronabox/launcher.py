@@ -28,10 +28,13 @@ from pathlib import Path
 from neuronabox import delay_models, topology
 from neuronabox import trace as tracefile
 from neuronabox.controller.config import ControllerConfig, real_ranks_of
+from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
+from neuronabox.controller.dialects.nccl.versions import layout_for
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.whatif import WhatIf, WhatIfError
 
 from .api import RunResult, result_of
+from .nccl_launch import NcclPins, NcclSetupError, check_user_env, probe_nccl
 from .reaping import Family, become_subreaper, die_with_parent
 from .testbed import Host, Placement
 from .torchrun_args import (
@@ -258,9 +261,12 @@ class Run:
             if m.what == "straggler" and (m.rank >= self.world or m.rank in real):
                 raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
         self.placement = self._placement(args.ours.get("--placement"))
+        self.nccl = self._nccl_pins(args)
         if args.ours.get("--trace"):
             check_writable("--trace", args.ours["--trace"])
         check_port_free(self.master_addr, self.master_port)
+        if self.nccl is not None:
+            self.check_nccl(dict(os.environ))
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
@@ -270,6 +276,47 @@ class Run:
         self.shutdown_error = ""  # why the final status did not come, when it did not
         self.control_token = ""  # what the control service asks of every call
         self.control_addr = ""
+
+    def _nccl_pins(self, args: LaunchArgs) -> NcclPins | None:
+        """What NCCL is pinned to (`--backend nccl`), or None for Gloo."""
+        backend = args.ours.get("--backend", "gloo")
+        if backend not in ("gloo", "nccl"):
+            raise UsageError(f"--backend is gloo or nccl, got {backend!r}")
+        nccl_flags = [f for f in ("--nccl-algo", "--nccl-channels", "--nccl-route") if f in args.ours]
+        if backend == "gloo":
+            if nccl_flags:
+                raise UsageError(f"{nccl_flags[0]} needs --backend nccl")
+            return None
+        channels = args.ours.get("--nccl-channels", "1")
+        if not channels.isdigit():
+            raise UsageError(f"--nccl-channels takes a whole number, got {channels!r}")
+        try:
+            return NcclPins(
+                self.world,
+                algo=args.ours.get("--nccl-algo", "ring"),
+                channels=int(channels),
+                route=args.ours.get("--nccl-route", "socket"),
+            )
+        except NcclSetupError as exc:
+            raise UsageError(str(exc)) from None
+
+    def check_nccl(self, env: dict[str, str]) -> None:
+        """Refuse, in one line and before anything starts, an NCCL setup the dialect does
+        not speak: a choice the user forced, a torch without NCCL, an unread NCCL release."""
+        assert self.nccl is not None
+        try:
+            check_user_env(env)
+            version = probe_nccl(sys.executable, env)
+            layout_for(version)
+        except (NcclSetupError, UnsupportedNcclVersion) as exc:
+            raise UsageError(str(exc)) from None
+        print(self.nccl.summary(), flush=True)
+        # The sans-IO layers (versions, layouts, bootstrap, setup, schedules, plugins) exist and
+        # are tested on CPU; the live controller that drives them waits for a run on a GPU.
+        raise UsageError(
+            f"NCCL {version} is spoken, but the NCCL dialect's live controller is not built yet "
+            "(it needs its bootstrap checked on a GPU first; see docs/nccl_wire.md): nothing was started"
+        )
 
     def _real_ranks(self, args: LaunchArgs) -> tuple[list[int], list[int]]:
         """(nodes run by a stock torchrun, ranks started directly). Whole nodes get their

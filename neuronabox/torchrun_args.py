@@ -25,6 +25,10 @@ OURS = {
     "--boundary",
     "--placement",
     "--timeout",
+    "--backend",
+    "--nccl-algo",
+    "--nccl-channels",
+    "--nccl-route",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}
@@ -74,6 +78,10 @@ neuronabox flags:
                               stuck (default 1800, the process group's default)
   --placement FILE            where real nodes and the controller run (written by validate)
   --gloo-host ADDR            the address the emulated ranks listen on (default 127.0.0.2)
+  --backend gloo|nccl         the collective library the script's process group uses (default gloo)
+  --nccl-algo ring|tree       NCCL's algorithm, pinned in the real ranks (default ring)
+  --nccl-channels K           NCCL's channel count, pinned (default 1)
+  --nccl-route socket|plugin  NCCL's transport to the controller: its Socket net or our net plugin
 
 torchrun flags (--nnodes, --nproc-per-node, --master-addr, --master-port, --rdzv-endpoint
 with the static backend, --max-restarts, --log-dir, -m, --no-python, ...) are torchrun's own,
