@@ -89,3 +89,16 @@ def test_bad_nccl_flags_are_one_line_usage_errors(flags, env, cause):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"neuronabox: error: {cause}"), out.stderr
+
+
+def test_the_recorder_refuses_a_machine_without_nccl_in_one_line(tmp_path):
+    """scripts/nccl_record.py makes the GPU session's transcripts; on a CPU torch it
+    stops at once, naming why, and records nothing."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "nccl_record.py"), "--out", str(tmp_path / "rec")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    if "has no NCCL" not in out.stderr:
+        pytest.skip("this torch has NCCL: the recorder runs for real here")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "rec").exists()
