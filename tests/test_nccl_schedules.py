@@ -293,3 +293,64 @@ def test_nccl_formulas_spread_over_nccls_schedule(model):
                 sched = nccl_schedule(kind, w, count, elem, algo=algo)
                 want = m.collective_time(kind, nbytes, w, sched)
                 assert sched.free_time(m.hop(kind, nbytes, w, sched)) == pytest.approx(want, rel=1e-6)
+
+
+# -- what the emulated ranks send the one real rank ------------------------------------
+def play_real_rank(s: NcclRing, rank: int) -> dict[tuple[int, int, int], float]:
+    """The real rank's device loop on values, NCCL's way (the first W ops of an
+    allreduce loop reduce, the rest copy; an allgather stores what it receives), fed by
+    the echo plan. Every element of a block holds one value: 100 + the block's index.
+    Returns (channel, loop, block) -> the block's final value."""
+    plan, sends = s.echo_plan(rank), s.sends(rank)
+    recvs = s.recvs(rank)
+    assert len(plan) == len(recvs)
+    sent_values: list[float] = []
+    final: dict[tuple[int, int, int], float] = {}
+    r = 0
+    w = s.world
+    per_loop = 2 * w - 1 if s.kind == Kind.ALLREDUCE else w
+    for ch, ops in s.program(rank).items():
+        for i, op in enumerate(ops):
+            loop, pos = divmod(i, per_loop)
+            key = (ch, loop, op.block)
+            if s.kind == Kind.ALLREDUCE:
+                value = final.get(key, 100.0 + op.block)
+            else:
+                value = final.get(key, 100.0 + op.block if op.block == rank else float("nan"))
+            if op.recv:
+                got = []
+                for _ in op.slices:
+                    echo = plan[r]
+                    if echo is not None:
+                        assert sends[echo].nbytes == recvs[r].nbytes, "an echo must fit the receive"
+                    got.append(0.0 if echo is None else sent_values[echo])
+                    r += 1
+                assert len(set(got)) <= 1, "the slices of one block carry one value"
+                if s.kind == Kind.ALLREDUCE and pos < w:
+                    value = value + got[0]  # reduce-scatter half: add what arrived
+                else:
+                    value = got[0]  # the allgather half (and allgather): store what arrived
+            final[key] = value
+            if op.send:
+                sent_values.extend(value for _ in op.slices)
+    return final
+
+
+@pytest.mark.parametrize("kind", [Kind.ALLREDUCE, Kind.ALLGATHER])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_echo_plan_gives_the_real_rank_what_the_policy_predicts(kind, channels):
+    """Allreduce with emulated zeros: the real rank ends with its own input. Allgather
+    with the mirror: every block ends as the real rank's own."""
+    for world, count, elem in CASES:
+        s = NcclRing(kind, world, count, elem, config=NcclConfig(channels=channels))
+        for rank in {0, world - 1}:
+            final = play_real_rank(s, rank)
+            for (_ch, _loop, block), value in final.items():
+                want = 100.0 + block if kind == Kind.ALLREDUCE else 100.0 + rank
+                assert value == want, (kind, world, count, elem, rank, block, value)
+
+
+def test_reduce_scatter_and_broadcast_get_zeros():
+    for kind in (Kind.REDUCE_SCATTER, Kind.BROADCAST):
+        s = NcclRing(kind, 4, 1000, 4, root=2)
+        assert s.echo_plan(0) == [None] * len(s.recvs(0)) and s.echo_plan(0)

@@ -272,6 +272,37 @@ class NcclRing:
     def recvs(self, rank: int) -> list[ChannelMsg]:
         return self._msgs(rank, recv=True)
 
+    def echo_plan(self, rank: int) -> list[int | None]:
+        """What the emulated predecessor sends `rank`, the one real rank of the ring, in
+        `recvs(rank)` order: None for zeros, or the index in `sends(rank)` of the real
+        rank's own message whose bytes go back to it.
+
+        - allreduce, emulated ranks contributing zeros: what the real rank reduces is
+          zeros; a finished chunk comes back as the bytes the real rank sent for it while
+          reducing (its input plus zeros), so it ends with its own input;
+        - allgather, mirror: every block is the real rank's, so each receive echoes the
+          same slice of the real rank's own block (sent first in every loop);
+        - reduce-scatter and broadcast from an emulated root: zeros.
+        """
+        plan: list[int | None] = []
+        sent = 0
+        for ops in self.program(rank).values():
+            first_send: dict[int, int] = {}  # block -> index of its first slice sent in this loop
+            for op in ops:
+                if op.send and not op.recv:  # a loop begins with a send-only op
+                    first_send = {}
+                if op.recv:
+                    echo = None
+                    if self.kind == Kind.ALLGATHER:
+                        echo = next(iter(first_send.values()), None)
+                    elif self.kind == Kind.ALLREDUCE:
+                        echo = first_send.get(op.block)
+                    plan.extend(None if echo is None else echo + i for i in range(len(op.slices)))
+                if op.send:
+                    first_send.setdefault(op.block, sent)
+                    sent += len(op.slices)
+        return plan
+
     # -- timing -----------------------------------------------------------------
     def channel_time(self, part: Part, hop: Link, work: float = 0.0) -> float:
         """Seconds one channel takes with every rank emulated and every hop costing `hop`."""
