@@ -354,3 +354,36 @@ def test_reduce_scatter_and_broadcast_get_zeros():
     for kind in (Kind.REDUCE_SCATTER, Kind.BROADCAST):
         s = NcclRing(kind, 4, 1000, 4, root=2)
         assert s.echo_plan(0) == [None] * len(s.recvs(0)) and s.echo_plan(0)
+
+
+def test_the_tree_echo_plan_leaves_the_real_rank_its_input():
+    """Tree allreduce with emulated zeros, played on values: a rank adds what its children
+    send (zeros), sends the sum up, and keeps what comes down from its parent (the root:
+    its own sum). Each rank of the world, in turn the real one, ends with its input."""
+    for world, channels in itertools.product([2, 3, 5, 8], [1, 2]):
+        s = NcclTreeAllreduce(world, (1 << 20) + 3, 4, NcclConfig(channels=channels))
+        for rank in range(world):
+            plan, sends, recvs = s.echo_plan(rank), s.sends(rank), s.recvs(rank)
+            assert len(plan) == len(recvs)
+            mine = 100.0 + rank
+            up_sent = {}  # (channel, chunk) -> the value sent to the parent
+            for part in s.parts:
+                links = s.links(rank, part.channel)
+                for step, _ in enumerate(s.chunks(part)):
+                    from_children = [
+                        0.0 if plan[i] is None else float("nan")
+                        for i, m in enumerate(recvs)
+                        if m.channel == part.channel and m.step == step and m.peer in links.children
+                    ]
+                    total = mine + sum(from_children)
+                    if links.up == -1:
+                        assert total == mine
+                        continue
+                    up_sent[(part.channel, step)] = total
+                    (down,) = [
+                        i for i, m in enumerate(recvs) if (m.channel, m.step, m.peer) == (part.channel, step, links.up)
+                    ]
+                    echo = plan[down]
+                    assert echo is not None and sends[echo].peer == links.up and sends[echo].step == step
+                    assert sends[echo].nbytes == recvs[down].nbytes
+                    assert up_sent[(sends[echo].channel, sends[echo].step)] == mine

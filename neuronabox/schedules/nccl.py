@@ -484,6 +484,20 @@ class NcclTreeAllreduce:
     def recvs(self, rank: int) -> list[ChannelMsg]:
         return self._msgs(rank, recv=True)
 
+    def echo_plan(self, rank: int) -> list[int | None]:
+        """What the emulated tree peers send `rank`, the one real rank, in `recvs(rank)`
+        order, emulated ranks contributing zeros: None (zeros) from each child; from the
+        parent, chunk by chunk, the bytes the real rank sent it up (its input plus zeros),
+        the index in `sends(rank)`. The root gets only zeros and ends with its input."""
+        sends = self.sends(rank)
+        up_index = {(m.channel, m.step): i for i, m in enumerate(sends) if m.peer == self._up(rank, m.channel)}
+        return [
+            up_index[(m.channel, m.step)] if m.peer == self._up(rank, m.channel) else None for m in self.recvs(rank)
+        ]
+
+    def _up(self, rank: int, channel: int) -> int:
+        return self.links(rank, channel).up
+
     def free_time(self, hop: Link, work: float = 0.0) -> float:
         """Up the deepest branch and back down, one chunk deep, then the other chunks at
         the pace of the busiest rank: an inner rank moves `fan` chunks per chunk in
