@@ -305,7 +305,7 @@ class Run:
         not speak: a choice the user forced, a torch without NCCL, an unread NCCL release."""
         assert self.nccl is not None
         try:
-            check_user_env(env)
+            check_user_env(env, self.nccl)
             version = probe_nccl(sys.executable, env)
             layout_for(version)
         except (NcclSetupError, UnsupportedNcclVersion) as exc:

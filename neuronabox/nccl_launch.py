@@ -21,17 +21,12 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1] / "nccl_patch" / "build"
 NET_PLUGIN = PLUGIN_DIR / "libnccl-net-neuronabox.so"
 PROFILER_PLUGIN = PLUGIN_DIR / "libnccl-profiler-neuronabox.so"
 
-# Variables a user may set that would change what the controller must re-derive,
-# with the values the dialect speaks (None: any value is refused; set by the pins).
-USER_CHOICES: dict[str, tuple[str, ...]] = {
-    "NCCL_ALGO": ("Ring", "Tree"),
-    "NCCL_PROTO": ("Simple",),
-    "NCCL_NET": (),
-    "NCCL_COMM_ID": (),
-    "NCCL_OOB_NET_ENABLE": ("0",),
-    "NCCL_NVLS_ENABLE": ("0",),
-    "NCCL_COLLNET_ENABLE": ("0",),
-}
+# What NCCL itself offers for the choices the dialect must know, and what it speaks of them.
+SPOKEN_CHOICES: dict[str, tuple[str, ...]] = {"NCCL_ALGO": ("Ring", "Tree"), "NCCL_PROTO": ("Simple",)}
+FLAG_OF = {"NCCL_ALGO": "--nccl-algo", "NCCL_NET": "--nccl-route", "NCCL_MIN_NCHANNELS": "--nccl-channels",
+           "NCCL_MAX_NCHANNELS": "--nccl-channels"}  # fmt: skip
+REFUSED = {"NCCL_COMM_ID": "it moves the bootstrap root out of the real rank"}
+FREE = {"NCCL_PROFILER_PLUGIN", "NEURONABOX_NCCL_TRACE"}  # the user's own profiler is theirs to load
 
 
 class NcclSetupError(NeuronaBoxError):
@@ -107,15 +102,25 @@ class NcclPins:
         )
 
 
-def check_user_env(env: Mapping[str, str]) -> None:
-    """Refuse a choice the user forced that the dialect does not speak, naming it."""
-    for var, spoken in USER_CHOICES.items():
+def check_user_env(env: Mapping[str, str], pins: NcclPins) -> None:
+    """Refuse, naming it, a variable the user set that contradicts a pin: the controller
+    re-derives NCCL's choices from the pins, so a different value would desynchronise it."""
+    for var, value in env.items():
+        if var in REFUSED:
+            raise NcclSetupError(f"{var}={value} is not spoken by the NCCL dialect ({REFUSED[var]}); unset it")
+    pinned = pins.env()
+    for var, want in pinned.items():
         value = env.get(var)
-        if value is None:
+        if value is None or value == want or var in FREE:
             continue
-        if value not in spoken:
-            allowed = f"spoken: {', '.join(spoken)}" if spoken else "the launcher sets it"
-            raise NcclSetupError(f"{var}={value} is not spoken by the NCCL dialect ({allowed}); unset it")
+        if var == "TORCH_NCCL_RANKS_PER_ROOT" and value.isdigit() and int(value) >= pins.world:
+            continue  # still one root for the whole world
+        spoken = SPOKEN_CHOICES.get(var)
+        if spoken is not None and value not in spoken:
+            allowed = ", ".join(spoken)
+            raise NcclSetupError(f"{var}={value} is not spoken by the NCCL dialect (spoken: {allowed}); unset it")
+        how = f"use {FLAG_OF[var]} instead" if var in FLAG_OF else "unset it"
+        raise NcclSetupError(f"{var}={value} contradicts the launcher's pin {var}={want}; {how}")
 
 
 _PROBE = """

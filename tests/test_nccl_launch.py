@@ -4,6 +4,7 @@ setups it refuses in one line before anything starts."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -43,14 +44,23 @@ def test_pins_outside_what_the_dialect_speaks_are_refused(bad):
 
 
 @pytest.mark.parametrize(
-    "var,value",
-    [("NCCL_ALGO", "CollNetDirect"), ("NCCL_ALGO", "PAT"), ("NCCL_PROTO", "LL128"), ("NCCL_NET", "IB"),
-     ("NCCL_COMM_ID", "10.0.0.1:5000"), ("NCCL_NVLS_ENABLE", "1")],
+    "var,value,cause",
+    [("NCCL_ALGO", "CollNetDirect", "is not spoken by the NCCL dialect (spoken: Ring, Tree)"),
+     ("NCCL_ALGO", "PAT", "is not spoken"), ("NCCL_PROTO", "LL128", "is not spoken"),
+     ("NCCL_ALGO", "Tree", "contradicts the launcher's pin NCCL_ALGO=Ring; use --nccl-algo instead"),
+     ("NCCL_NET", "IB", "contradicts the launcher's pin NCCL_NET=Socket; use --nccl-route instead"),
+     ("NCCL_NVLS_ENABLE", "1", "contradicts the launcher's pin NCCL_NVLS_ENABLE=0; unset it"),
+     ("NCCL_COMM_ID", "10.0.0.1:5000", "is not spoken by the NCCL dialect (it moves the bootstrap root"),
+     ("TORCH_NCCL_RANKS_PER_ROOT", "4", "contradicts the launcher's pin TORCH_NCCL_RANKS_PER_ROOT=128")],
 )  # fmt: skip
-def test_a_choice_the_user_forced_is_refused_naming_it(var, value):
-    with pytest.raises(NcclSetupError, match=f"{var}={value} is not spoken"):
-        check_user_env({var: value})
-    check_user_env({"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_DEBUG": "INFO"})  # spoken ones pass
+def test_a_choice_the_user_forced_is_refused_naming_it(var, value, cause):
+    pins = NcclPins(world=8)
+    with pytest.raises(NcclSetupError, match=re.escape(f"{var}={value} {cause}")):
+        check_user_env({var: value}, pins)
+    # what agrees with the pins, or is the user's own business, passes
+    check_user_env({"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_DEBUG": "INFO", "NCCL_NET": "Socket"}, pins)
+    check_user_env({"TORCH_NCCL_RANKS_PER_ROOT": "100000"}, pins)
+    check_user_env({"NCCL_ALGO": "Tree"}, NcclPins(world=8, algo="tree"))
 
 
 def run_launcher(*flags: str, env_extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
