@@ -25,6 +25,10 @@ binary tree climbs and descends log2(W) levels and moves every byte twice.
 | allgather, reduce_scatter | W-1 | (W-1) alpha + (W-1)/W n/beta | (ring) |
 | broadcast, reduce | W | W alpha + n/beta | (ring) |
 | barrier | | an allreduce of one float | |
+
+Simplified from tuning.cc: the hardware latencies are the topology's alpha, not NCCL's
+per-algorithm constants; a ring broadcast always pays W alphas (NCCL pays one when all
+channels share a ring); the ring allreduce's latency plateau factors are left out.
 """
 
 from __future__ import annotations

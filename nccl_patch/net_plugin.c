@@ -446,7 +446,11 @@ static nbx_result_t nbx_connect(int dev, void *handle, void **sendComm, nbx_net_
         p->sent += (int)k;
     }
     struct nbx_comm *c = comm_new(K_SEND, p->fd, &p->peer);
-    if (!c) return nbxSystemError; /* keep p: a retry may succeed */
+    if (!c) { /* NCCL aborts on an error and never calls again: release the attempt */
+        WARN("connect to %s: out of memory for the send comm", p->peer_str);
+        connecting_free(h, p);
+        return nbxSystemError;
+    }
     p->fd = -1;
     connecting_free(h, p);
     INFO("send comm connected to %s", c->peer_str);

@@ -10,8 +10,9 @@
  * Record (little-endian): u8 kind, u8 family, u16 reserved, i32 fd, u64 monotonic ns, u32 length,
  * u32 kept, then `kept` bytes. kind: 1 connect, 2 accept, 3 send, 4 recv, 5 close. For connect and
  * accept the bytes are "local-ip:port peer-ip:port"; for send and recv the first `kept` bytes moved.
- * Only AF_INET/AF_INET6 stream sockets are recorded; a record is one write() under a lock, so the
- * threads of a process (NCCL's bootstrap and proxy threads) never interleave inside a record.
+ * Only AF_INET/AF_INET6 stream sockets are recorded. A record is one writev() under a lock, so the
+ * threads of a process (NCCL's bootstrap and proxy threads) never interleave inside a record; a
+ * forked child (a DataLoader worker) records into a file of its own pid, not its parent's.
  * Format: nccl_patch/README.md; reader: neuronabox/controller/dialects/nccl/transcript.py.
  */
 #define _GNU_SOURCE
@@ -27,6 +28,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,7 +41,16 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int tap_fd = -1;
 static size_t cap = 65536;
+static char tap_prefix[4000];
 static unsigned char tracked[MAX_FDS]; /* 0: not a TCP socket we saw connect/accept; else its family */
+
+/* tracked[] is read and written by every thread that touches a socket: relaxed atomics suffice. */
+static int is_tracked(int fd) { /* the socket's family, 0 if it is not recorded */
+    return fd >= 0 && fd < MAX_FDS ? __atomic_load_n(&tracked[fd], __ATOMIC_RELAXED) : 0;
+}
+static void set_tracked(int fd, int family) {
+    if (fd >= 0 && fd < MAX_FDS) __atomic_store_n(&tracked[fd], (unsigned char)family, __ATOMIC_RELAXED);
+}
 
 static int (*real_connect)(int, const struct sockaddr *, socklen_t);
 static int (*real_accept)(int, struct sockaddr *, socklen_t *);
@@ -47,6 +58,19 @@ static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
 static ssize_t (*real_send)(int, const void *, size_t, int);
 static ssize_t (*real_recv)(int, void *, size_t, int);
 static int (*real_close)(int);
+
+static void open_tap(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.tap", tap_prefix, (int)getpid());
+    tap_fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+/* A forked child has the parent's fd and lock state: give it its own file and a fresh lock. */
+static void reopen_in_child(void) {
+    pthread_mutex_init(&lock, NULL);
+    if (tap_fd >= 0) syscall(SYS_close, tap_fd);
+    open_tap();
+}
 
 static void setup(void) {
     real_connect = dlsym(RTLD_NEXT, "connect");
@@ -59,18 +83,35 @@ static void setup(void) {
     const char *c = getenv("NEURONABOX_WIRETAP_CAP");
     if (c && *c) cap = (size_t)strtoull(c, NULL, 10);
     if (!prefix || !*prefix) return;
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%d.tap", prefix, (int)getpid());
-    tap_fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    snprintf(tap_prefix, sizeof tap_prefix, "%s", prefix);
+    open_tap();
+    pthread_atfork(NULL, NULL, reopen_in_child);
 }
 
-static void write_all(const unsigned char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = syscall(SYS_write, tap_fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return; /* a full disk loses records, never the traced program */
-        p += w;
-        n -= (size_t)w;
+/* Header and bytes in one writev (O_APPEND: one record lands whole); a short write, rare on
+ * a local file, finishes with plain writes under the same lock. */
+static void write_record(const unsigned char *h, size_t hn, const void *data, size_t n) {
+    struct iovec iov[2] = {{(void *)h, hn}, {(void *)data, n}};
+    ssize_t w;
+    do {
+        w = syscall(SYS_writev, tap_fd, iov, n ? 2 : 1);
+    } while (w < 0 && errno == EINTR);
+    if (w < 0) return; /* a full disk loses records, never the traced program */
+    size_t done = (size_t)w;
+    for (int i = 0; i < 2; i++) {
+        const unsigned char *p = iov[i].iov_base;
+        size_t len = iov[i].iov_len;
+        size_t skip = done < len ? done : len;
+        done -= skip;
+        p += skip;
+        len -= skip;
+        while (len > 0) {
+            ssize_t k = syscall(SYS_write, tap_fd, p, len);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) return;
+            p += k;
+            len -= (size_t)k;
+        }
     }
 }
 
@@ -89,8 +130,7 @@ static void record(int kind, int family, int fd, uint32_t length, const void *da
     memcpy(h + 20, &k, 4);
     int saved = errno;
     pthread_mutex_lock(&lock);
-    write_all(h, sizeof h);
-    if (kept) write_all(data, kept);
+    write_record(h, sizeof h, data, kept);
     pthread_mutex_unlock(&lock);
     errno = saved;
 }
@@ -126,7 +166,7 @@ static void addr_text(const struct sockaddr_storage *ss, char *out, size_t n) {
 static void note_endpoints(int kind, int fd) {
     int family = stream_family(fd);
     if (!family || fd < 0 || fd >= MAX_FDS) return;
-    tracked[fd] = (unsigned char)family;
+    set_tracked(fd, family);
     struct sockaddr_storage local, peer;
     socklen_t ln = sizeof local, pn = sizeof peer;
     char a[80] = "?", b[80] = "?", both[170];
@@ -144,7 +184,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len) {
         /* the peer as dialled: getpeername fails while a non-blocking connect is in progress */
         int family = stream_family(fd);
         if (family && fd < MAX_FDS) {
-            tracked[fd] = (unsigned char)family;
+            set_tracked(fd, family);
             struct sockaddr_storage local = {0}, peer = {0};
             socklen_t ln = sizeof local;
             memcpy(&peer, addr, len < sizeof peer ? len : sizeof peer);
@@ -184,24 +224,26 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
     pthread_once(&once, setup);
     ssize_t rc = real_send(fd, buf, n, flags);
-    if (rc > 0 && fd >= 0 && fd < MAX_FDS && tracked[fd])
-        record(TAP_SEND, tracked[fd], fd, (uint32_t)rc, buf, (size_t)rc < cap ? (size_t)rc : cap);
+    int family = is_tracked(fd);
+    if (rc > 0 && family) record(TAP_SEND, family, fd, (uint32_t)rc, buf, (size_t)rc < cap ? (size_t)rc : cap);
     return rc;
 }
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
     pthread_once(&once, setup);
     ssize_t rc = real_recv(fd, buf, n, flags);
-    if (rc > 0 && fd >= 0 && fd < MAX_FDS && tracked[fd] && !(flags & MSG_PEEK))
-        record(TAP_RECV, tracked[fd], fd, (uint32_t)rc, buf, (size_t)rc < cap ? (size_t)rc : cap);
+    int family = is_tracked(fd);
+    if (rc > 0 && family && !(flags & MSG_PEEK))
+        record(TAP_RECV, family, fd, (uint32_t)rc, buf, (size_t)rc < cap ? (size_t)rc : cap);
     return rc;
 }
 
 EXPORT int close(int fd) {
     pthread_once(&once, setup);
-    if (fd >= 0 && fd < MAX_FDS && tracked[fd]) {
-        record(TAP_CLOSE, tracked[fd], fd, 0, NULL, 0);
-        tracked[fd] = 0;
+    int family = is_tracked(fd);
+    if (family) {
+        record(TAP_CLOSE, family, fd, 0, NULL, 0);
+        set_tracked(fd, 0);
     }
     return real_close(fd);
 }

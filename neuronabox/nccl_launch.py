@@ -50,6 +50,9 @@ class NcclPins:
             raise NcclSetupError(f"--nccl-route is {' or '.join(ROUTES)}, got {self.route!r}")
         if not 1 <= self.channels <= 64:
             raise NcclSetupError(f"--nccl-channels is 1 to 64, got {self.channels}")
+        if self.algo == "tree" and self.channels > 1:  # which channel runs which tree is the real rank's search's
+            raise NcclSetupError("--nccl-algo tree runs on one channel until the tree of each channel is read "
+                                 "from a real rank; drop --nccl-channels")  # fmt: skip
 
     def env(self) -> dict[str, str]:
         k = str(self.channels)

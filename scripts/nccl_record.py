@@ -152,6 +152,8 @@ def worker(args: argparse.Namespace) -> int:
             "nccl": ".".join(map(str, torch.cuda.nccl.version())),
             "gpu": torch.cuda.get_device_name(0),
             "world": world,
+            "algo": os.environ.get("NCCL_ALGO", ""),
+            "channels": int(os.environ.get("NCCL_MAX_NCHANNELS", "0") or 0),
             "checks": checks,
             "median_s": timings,
             "store_keys": store.num_keys(),

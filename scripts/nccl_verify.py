@@ -200,8 +200,8 @@ class Expected(NamedTuple):
 
 
 def expected_messages(items: list[Item], world: int, rank: int, channel: int, channels: int,
-                      send: bool) -> Iterator[Expected]:  # fmt: skip
-    config = NcclConfig(channels=channels)
+                      send: bool, min_traffic: int) -> Iterator[Expected]:  # fmt: skip
+    config = NcclConfig(channels=channels, min_traffic_per_channel=min_traffic)
     for i, it in enumerate(items):
         ring = NcclRing(it.kind, world, it.count, it.elem, 0, config)
         msgs = ring.sends(rank) if send else ring.recvs(rank)
@@ -623,6 +623,11 @@ class WorldCheck:
         sends = Tally("net.sends", f"each frame's size = NcclRing(...).sends(rank) over {len(items)} collectives "
                       "(result.json's checks, its timing loop if any, the closing barrier)")  # fmt: skip
         recvs = Tally("net.recvs", "each frame's size = NcclRing(...).recvs(rank), same program")
+        algo = str(self.data.result.get("algo", "Ring"))
+        if algo != "Ring":  # the tree's peers and its channel-to-tree mapping are not matched here yet
+            for t in (pre, sends, recvs):
+                t.notes.append(f"NCCL_ALGO={algo}: the Socket-net checks cover the ring only")
+            return [pre.fact(""), sends.fact(""), recvs.fact("")]
         counts = []
         for r, rd in self.ranks.items():
             outs: list[NetSocket] = rd.of(ConnKind.NET_SOCKET, outgoing=True)
@@ -641,7 +646,7 @@ class WorldCheck:
             channels = max(1, len(outs))
             for tally, group, send in ((sends, outs, True), (recvs, ins, False)):
                 for ch, rec in enumerate(group):
-                    exp = list(expected_messages(items, w, r, ch, channels, send))
+                    exp = list(expected_messages(items, w, r, ch, channels, send, self.layout.min_traffic_per_channel))
                     counts.append(len(exp))
                     self._match(tally, r, ch, rec, exp, items, send)
         total = f"{sum(counts)} messages on {len(counts)} connections"

@@ -19,9 +19,10 @@ EXAMPLE = ROOT / "examples" / "train_ddp.py"
 
 
 def test_the_pins_fix_every_choice_the_schedule_depends_on():
-    env = NcclPins(world=512, algo="tree", channels=2).env()
+    env = NcclPins(world=512, algo="tree").env()
     assert env["NCCL_ALGO"] == "Tree" and env["NCCL_PROTO"] == "Simple"
-    assert env["NCCL_MIN_NCHANNELS"] == env["NCCL_MAX_NCHANNELS"] == "2"
+    assert NcclPins(world=512, channels=2).env()["NCCL_MAX_NCHANNELS"] == "2"
+    assert env["NCCL_MIN_NCHANNELS"] == env["NCCL_MAX_NCHANNELS"] == "1"
     assert env["NCCL_NET"] == "Socket" and env["NCCL_NET_PLUGIN"] == "none"
     assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_NTHREADS"] == "0"
     for off in ("NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_PAT_ENABLE", "NCCL_RAS_ENABLE", "NCCL_OOB_NET_ENABLE"):
@@ -36,7 +37,7 @@ def test_the_pins_fix_every_choice_the_schedule_depends_on():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"algo": "pat"}, {"channels": 0}, {"channels": 65}, {"route": "ib"}],
+    [{"algo": "pat"}, {"channels": 0}, {"channels": 65}, {"route": "ib"}, {"algo": "tree", "channels": 2}],
 )
 def test_pins_outside_what_the_dialect_speaks_are_refused(bad):
     with pytest.raises(NcclSetupError):

@@ -387,3 +387,31 @@ def test_the_tree_echo_plan_leaves_the_real_rank_its_input():
                     assert echo is not None and sends[echo].peer == links.up and sends[echo].step == step
                     assert sends[echo].nbytes == recvs[down].nbytes
                     assert up_sent[(sends[echo].channel, sends[echo].step)] == mine
+
+
+def test_small_collectives_trim_channels_as_nccl_does():
+    """Worked by hand from src/enqueue.cc (v2.28.9): a collective keeps one channel fewer
+    while its bytes are under channels x 512 threads x 64 bytes, then the plan splits its
+    traffic over the channels left, in cells of 16 KiB of traffic."""
+    # 64 KiB fp32 allreduce on 2 ranks, 4 channels: 65536 < 3*32768, not < 2*32768, so 2
+    # channels; traffic 131072 over 2, cells of 8192 bytes (2048 floats): 4 cells each.
+    parts = channel_parts(Kind.ALLREDUCE, 16384, 4, 2, NcclConfig(channels=4))
+    assert [(p.offset, p.count) for p in parts] == [(0, 8192), (8192, 8192)]
+    # a 4 KiB-per-rank allgather on 8 ranks: 32 KiB in all keeps one channel
+    parts = channel_parts(Kind.ALLGATHER, 1024, 4, 8, NcclConfig(channels=4))
+    assert [(p.offset, p.count) for p in parts] == [(0, 4096)]
+    # 1 MiB per rank: four channels of 128 cells of 2048 bytes
+    parts = channel_parts(Kind.ALLGATHER, 1 << 18, 4, 8, NcclConfig(channels=4))
+    assert [p.count for p in parts] == [1 << 18] * 4
+    # 100 KiB of floats on 2 ranks, 2 channels: 13 cells of 2048 floats, 7 then 6 (the
+    # last one short); from 2.29 a cell is 32 KiB of traffic: 7 cells of 4096, 4 then 3
+    parts = channel_parts(Kind.ALLREDUCE, 25600, 4, 2, NcclConfig(channels=2))
+    assert [p.count for p in parts] == [14336, 11264]
+    parts = channel_parts(Kind.ALLREDUCE, 25600, 4, 2, NcclConfig(channels=2, min_traffic_per_channel=32 << 10))
+    assert [p.count for p in parts] == [16384, 9216]
+
+
+@pytest.mark.parametrize("search,want", [(1, [0, 1, 0, 1]), (2, [0, 0, 1, 1]), (4, [0, 0, 0, 0])])
+def test_channels_alternate_trees_in_runs_of_the_searched_count(search, want):
+    s = NcclTreeAllreduce(8, 1 << 20, 4, NcclConfig(channels=4, search_channels=search))
+    assert [s.tree_of(c) for c in range(4)] == want

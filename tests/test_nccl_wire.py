@@ -90,6 +90,8 @@ GOLDEN = [
     ("2.28.9", "root_reply_size", 128), ("2.28.9", "connect_size", 256),
     ("2.30.4", "wrong_socket_type_drops", False), ("2.30.7", "wrong_socket_type_drops", True),
     ("2.25.1", "recv_waits_for_eof", False), ("2.26.2", "recv_waits_for_eof", True),  # bootstrapRecv's close
+    ("2.23.4", "min_traffic_per_channel", 16 << 10), ("2.28.9", "min_traffic_per_channel", 16 << 10),
+    ("2.29.2", "min_traffic_per_channel", 32 << 10), ("2.30.7", "min_traffic_per_channel", 32 << 10),  # enqueue.cc
 ]
 # ncclTopoRanks array offsets inside allGatherInfo (gcc at v2.23.4-1, v2.25.1-1, v2.28.9-1, v2.30.7-1)
 GOLDEN_TOPO = {

@@ -107,3 +107,33 @@ def test_a_cut_transcript_is_refused_naming_where(tmp_path, tap):
         read_records(raw[:-3])
     with pytest.raises(NcclWireError, match="unknown kind 9"):
         read_records(b"\x09" + raw[1:])
+
+
+FORKING = textwrap.dedent(
+    """
+    import os, socket
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(2)
+    def talk(msg):
+        c = socket.create_connection(srv.getsockname()); c.sendall(msg); c.close()
+        s, _ = srv.accept(); got = s.recv(64); s.close(); return got
+    assert talk(b"parent") == b"parent"
+    pid = os.fork()
+    if pid == 0:
+        talk(b"child!"); os._exit(0)
+    os.waitpid(pid, 0)
+    assert talk(b"again") == b"again"
+    print("done")
+    """
+)
+
+
+def test_a_forked_child_records_into_its_own_file(tmp_path, tap):
+    """A DataLoader worker forks without exec: its records go to a file of its own pid,
+    never into the parent's, and the parent's file stays whole."""
+    env = {**os.environ, "LD_PRELOAD": str(tap), "NEURONABOX_WIRETAP": str(tmp_path / "run")}
+    out = subprocess.run([sys.executable, "-c", FORKING], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr
+    files = sorted(tmp_path.glob("run.*.tap"))
+    assert len(files) == 2
+    streams = {p: [bytes(c.sent) for c in connections(read_records(p.read_bytes())) if c.opened_by_us] for p in files}
+    assert sorted(streams.values()) == [[b"child!"], [b"parent", b"again"]]

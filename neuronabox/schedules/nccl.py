@@ -30,6 +30,7 @@ from .kinds import Kind
 NCCL_STEPS = 8  # slots per connection (src/include/device.h)
 DEFAULT_BUFFSIZE = 4 << 20  # NCCL_BUFFSIZE default for Simple
 SIMPLE_GRAIN = 512  # ncclProtoGrainSize(NCCL_PROTO_SIMPLE)
+SIMPLE_THREAD_THRESHOLD = 64  # NCCL_SIMPLE_THREAD_THRESHOLD (src/include/comm.h)
 RING_KINDS = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCE_SCATTER, Kind.BROADCAST)
 
 
@@ -38,8 +39,10 @@ class NcclConfig:
     """What the real rank's environment pins and the schedule depends on."""
 
     buffsize: int = DEFAULT_BUFFSIZE  # NCCL_BUFFSIZE (local to the real rank)
-    channels: int = 1  # the collective's channel count (NCCL_MIN/MAX_NCHANNELS, or the profiler's nChannels)
-    min_traffic_per_channel: int = 16 << 10  # 16 KiB in 2.23-2.28, 32 KiB from 2.29
+    channels: int = 1  # the communicator's channels (NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS)
+    min_traffic_per_channel: int = 16 << 10  # 16 KiB in 2.23-2.28, 32 KiB from 2.29 (versions.Layout)
+    threads: int = 512  # NCCL_NTHREADS, pinned: with the threshold, how far small collectives trim channels
+    search_channels: int = 1  # the real rank's tree graph's channels: channels alternate trees in runs of it
 
     @property
     def step_bytes(self) -> int:
@@ -99,8 +102,10 @@ def channel_parts(kind: Kind, count: int, elem: int, world: int, config: NcclCon
     if n_max == 1 or count == 0:
         return [Part(0, 0, count, chunk)]
     tpb = traffic_per_byte(kind, world)
+    task_nbytes = count * elem * (world if kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
+    n_task = task_channels(task_nbytes, n_max, config)
     traffic = max(config.min_traffic_per_channel, count * elem * tpb)
-    per_channel = max(config.min_traffic_per_channel, traffic // n_max)
+    per_channel = max(config.min_traffic_per_channel, traffic // n_task)
     cell = align_up(div_up(config.min_traffic_per_channel, tpb), 16)
     per_cell = cell // elem
     cells = div_up(count * elem, cell)
@@ -126,6 +131,17 @@ def channel_parts(kind: Kind, count: int, elem: int, world: int, config: NcclCon
         parts.append(Part(ch, offset, n, chunk))
         offset += n
     return parts
+
+
+def task_channels(nbytes: int, channels: int, config: NcclConfig) -> int:
+    """The channels one collective may use (src/enqueue.cc topoGetAlgoInfo, Ring/Tree): one
+    fewer while the bytes do not give every thread of every channel its threshold's worth
+    (Simple: 64 bytes), never below one. `nbytes` counts every rank's block for allgather
+    and reduce-scatter."""
+    nc = channels
+    while nc >= 2 and nbytes < nc * config.threads * SIMPLE_THREAD_THRESHOLD:
+        nc -= 1
+    return nc
 
 
 def slice_sizes(nelem: int, slices_per_chunk: int, steps_per_slice: int, step_elems: int) -> tuple[int, ...]:
@@ -432,8 +448,9 @@ def tree_depth(nranks: int, which: int) -> int:
 class NcclTreeAllreduce:
     """Tree allreduce over Simple: per chunk of one buffer step, a rank receives from
     each child, reduces and sends to its parent; concurrently it receives the result
-    from its parent and sends it to each child. With k channels, the first half carry
-    tree 0 and the second half tree 1 (one channel: tree 0 only)."""
+    from its parent and sends it to each child. Channels alternate the two trees in runs
+    of the real rank's searched channel count (`NcclConfig.search_channels`); one channel
+    carries tree 0 only."""
 
     kind = Kind.ALLREDUCE
 
@@ -456,8 +473,10 @@ class NcclTreeAllreduce:
         return self.config.step_bytes
 
     def tree_of(self, channel: int) -> int:
-        k = self.config.channels
-        return 0 if k == 1 or channel < k // 2 else 1
+        """NCCL gives tree 0 to the search's S channels and tree 1 to the next S, then
+        repeats that pair up to the pinned count (src/graph/connect.cc connectTrees and
+        copyChannels): S comes from the real rank's own graph search."""
+        return channel // max(1, self.config.search_channels) % 2
 
     def links(self, rank: int, channel: int) -> TreeLinks:
         return dtree(self.world, rank)[self.tree_of(channel)]

@@ -113,6 +113,9 @@ class Layout:
     profiler_newest: int
     wrong_socket_type_drops: bool  # True: INFO + keep accepting; False: WARN + the accept fails
     recv_waits_for_eof: bool  # bootstrapRecv reads to EOF before closing (2.26+): close after each send
+    # the data path (src/enqueue.cc scheduleCollTasksToPlan): a channel's least traffic, the
+    # cell the channel partition cuts a collective into (schedules.nccl.NcclConfig)
+    min_traffic_per_channel: int = 16 << 10  # 2.23 .. 2.28
     # the fields that do not move inside the spoken range, kept here so callers read one table
     peer_rank_off: int = 0
     peer_host_hash_off: int = 16
@@ -141,7 +144,7 @@ V = NcclVersion.parse
 _EXT_4 = dict(ext_info_size=172, ext_offset_off=None, ext_listen_root_off=16, ext_connect_info_off=44,
               unique_id_has_nranks=False)
 _EXT_5 = dict(ext_info_size=176, ext_offset_off=16, ext_listen_root_off=20, ext_connect_info_off=48,
-              unique_id_has_nranks=True)
+              unique_id_has_nranks=True, min_traffic_per_channel=32 << 10)  # both change in 2.29.2
 _AG_32 = dict(maxchannels=32, topo=_topo(224, 32))
 _AG_64 = dict(maxchannels=64, topo=_topo(224, 64))
 _AG_64X = dict(maxchannels=64, topo=_topo(228, 64))  # crossNicRing int first in ncclTopoRanks (2.28+)
