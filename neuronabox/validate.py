@@ -34,7 +34,7 @@ from . import trace as tracefile
 from .calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
 from .reaping import Family
 from .testbed import Host, Loopback, Netns, Placement, TestbedError, TestbedUnavailable, check_netns_possible
-from .torchrun_args import UsageError, index_list, int_flag, parse
+from .torchrun_args import UsageError, index_list, int_flag, parse, without_pet
 
 ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
 RUN_TIMEOUT_S = 900
@@ -193,7 +193,9 @@ class Runner:
         self.family = Family()
 
     def env(self, host: Host) -> dict[str, str]:
-        env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
+        """The user's environment without the PET_* variables torchrun would read as flags
+        (PET_STANDALONE would make the all-real run ignore its master address)."""
+        env = dict(without_pet(os.environ), GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 

@@ -154,6 +154,19 @@ def test_pet_variables_are_defaults_and_the_command_line_wins():
     assert kept == {"PET_MAX_RESTARTS": "2"}
 
 
+def test_validate_runs_torchrun_without_the_users_pet_flags(monkeypatch, tmp_path):
+    """validate gives each run its own flags; a PET_STANDALONE or PET_NNODES of the user's
+    would override them in the all-real torchrun (or be refused by the emulated launcher)."""
+    from neuronabox.testbed import Host
+    from neuronabox.validate import Runner
+
+    for var, value in {"PET_STANDALONE": "1", "PET_NNODES": "3", "PET_NODE_RANK": "1", "PET_MAX_RESTARTS": "2"}.items():
+        monkeypatch.setenv(var, value)
+    env = Runner(None, tmp_path, 10.0, loopback=True).env(Host("node0", "127.0.0.1"))
+    assert not {"PET_STANDALONE", "PET_NNODES", "PET_NODE_RANK"} & set(env)
+    assert env["PET_MAX_RESTARTS"] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
 def test_pet_nnodes_sizes_the_world(run):
     res = run("torchrun", *TINY, env={"PET_NNODES": "4", "PET_NODE_RANK": "2"}, timeout=180)
     assert res.rc == 0, res.err[-2000:]
