@@ -1,0 +1,191 @@
+"""The Socket-net data path (controller/dialects/nccl/datapath.py) against a byte-level model
+of the real rank's device loop, written here from NCCL v2.28.9's src/device/all_reduce.h,
+all_gather.h, reduce_scatter.h and broadcast.h (offsets, the partial last loop, which ops
+reduce and which copy): fed only what the data path sends, the real rank must end with
+what the data policy predicts, exactly, and every frame must be the size NCCL moves."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import numpy as np
+import pytest
+from neuronabox.controller.dialects.nccl.datapath import RingDataPath
+from neuronabox.controller.dialects.nccl.errors import NcclWireError
+from neuronabox.controller.dialects.nccl.wire import FrameReader
+
+from neuronabox.schedules import Kind
+from neuronabox.schedules.nccl import NcclConfig, NcclRing, align_up, div_up, slice_sizes
+
+
+class RealRank:
+    """Rank `rank`'s buffers and device loop on one channel part, NCCL's way, speaking
+    [i32 size][bytes] frames: `sent` collects what it writes to its successor, `inbox`
+    holds what it has read from its predecessor and not consumed yet."""
+
+    def __init__(self, ring: NcclRing, rank: int, x: np.ndarray) -> None:
+        self.ring, self.rank, self.w = ring, rank, ring.world
+        self.x = x  # the input (allgather: this rank's block; reduce-scatter: W blocks)
+        self.out = {
+            Kind.ALLREDUCE: x.copy(),
+            Kind.ALLGATHER: np.full(len(x) * self.w, np.nan, dtype=x.dtype),
+            Kind.REDUCE_SCATTER: np.full(len(x) // self.w, np.nan, dtype=x.dtype),
+            Kind.BROADCAST: x.copy(),
+        }[ring.kind]
+        self.inbox = FrameReader(1 << 30, what="test inbox")
+        moved_as_bytes = ring.kind in (Kind.ALLGATHER, Kind.BROADCAST)  # NCCL counts these in bytes
+        self.wire = np.dtype(np.uint8) if moved_as_bytes else x.dtype
+        self.frames: list[bytes] = []
+
+    # the primitives: one message per slice, as prims_simple.h cuts an op
+    def _slices(self, n: int) -> list[tuple[int, int]]:
+        r = self.ring
+        sizes = slice_sizes(n, r.slices_per_chunk, r.steps_per_slice, r.step_elems)
+        starts = itertools.accumulate((0, *sizes[:-1]))
+        return list(zip(starts, sizes, strict=True))
+
+    def send(self, values: np.ndarray, n: int, path: RingDataPath) -> None:
+        for a, k in self._slices(n):
+            data = values[a : a + k].tobytes()
+            self.frames.extend(path.feed(struct.pack("<i", len(data)) + data))
+
+    def recv(self, n: int, path: RingDataPath) -> np.ndarray:
+        parts = []
+        for _, k in self._slices(n):
+            if not self.frames:
+                raise AssertionError("the real rank waits for a message the data path never sent: deadlock")
+            (payload,) = self.inbox.feed(self.frames.pop(0))
+            assert len(payload) == k * self.wire.itemsize, "a frame of the wrong size"
+            parts.append(np.frombuffer(payload, dtype=self.wire))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.wire)
+
+    def run(self, part, path: RingDataPath) -> None:
+        self.frames.extend(path.start())
+        k, w, r = self.ring.kind, self.w, self.rank
+        if k == Kind.ALLREDUCE:
+            chunk0 = part.chunk
+            for base in range(0, part.count, w * chunk0):
+                rem = part.count - base
+                chunk = chunk0 if rem >= w * chunk0 else align_up(div_up(rem, w), 16 // self.x.itemsize)
+
+                def at(c: int, base=base, rem=rem, chunk=chunk) -> tuple[int, int]:
+                    return part.offset + base + c * chunk, max(0, min(chunk, rem - c * chunk))
+
+                o, n = at((r - 1) % w)
+                self.send(self.out[o : o + n], n, path)  # step 0: push
+                for j in range(2, w):  # reduce and forward
+                    o, n = at((r - j) % w)
+                    self.out[o : o + n] += self.recv(n, path)
+                    self.send(self.out[o : o + n], n, path)
+                o, n = at(r)  # reduce the own chunk: final
+                self.out[o : o + n] += self.recv(n, path)
+                self.send(self.out[o : o + n], n, path)
+                for j in range(1, w - 1):  # copy the finished chunks and forward
+                    o, n = at((r - j) % w)
+                    self.out[o : o + n] = self.recv(n, path)
+                    self.send(self.out[o : o + n], n, path)
+                o, n = at((r + 1) % w)
+                self.out[o : o + n] = self.recv(n, path)
+            return
+        # allgather, reduce-scatter and broadcast loop over the part in chunks
+        x = self.x.view(np.uint8) if k in (Kind.ALLGATHER, Kind.BROADCAST) else self.x
+        out = self.out.view(np.uint8) if k in (Kind.ALLGATHER, Kind.BROADCAST) else self.out
+        block = len(x) if k == Kind.ALLGATHER else len(x) // w
+        for base in range(0, part.count, part.chunk):
+            n = min(part.chunk, part.count - base)
+            off = part.offset + base
+            if k == Kind.BROADCAST:
+                root = self.ring.root
+                if r == root:
+                    self.send(x[off : off + n], n, path)
+                elif (r + 1) % w == root:
+                    out[off : off + n] = self.recv(n, path)
+                else:
+                    out[off : off + n] = self.recv(n, path)
+                    self.send(out[off : off + n], n, path)
+                continue
+            if k == Kind.ALLGATHER:
+                out[r * block + off : r * block + off + n] = x[off : off + n]
+                self.send(x[off : off + n], n, path)
+                for j in range(1, w - 1):
+                    b = (r - j) % w
+                    out[b * block + off : b * block + off + n] = self.recv(n, path)
+                    self.send(out[b * block + off : b * block + off + n], n, path)
+                b = (r + 1) % w
+                out[b * block + off : b * block + off + n] = self.recv(n, path)
+                continue
+            # reduce-scatter: push block R-1, reduce and forward W-2 blocks, reduce the own one
+            b = (r - 1) % w
+            acc = x[b * block + off : b * block + off + n].copy()
+            self.send(acc, n, path)
+            for j in range(2, w):
+                b = (r - j) % w
+                acc = x[b * block + off : b * block + off + n] + self.recv(n, path)
+                self.send(acc, n, path)
+            out[off : off + n] = x[r * block + off : r * block + off + n] + self.recv(n, path)
+
+
+def play(kind: Kind, world: int, count: int, dtype, rank: int, channels: int, root: int = 0):
+    rng = np.random.default_rng(world * 1000 + count)
+    elem = np.dtype(dtype).itemsize
+    ring = NcclRing(kind, world, count, elem, root=root, config=NcclConfig(channels=channels))
+    n = count * world if kind == Kind.REDUCE_SCATTER else count
+    x = rng.integers(-1000, 1000, size=n).astype(dtype)
+    real = RealRank(ring, rank, x)
+    for part in ring.parts:
+        path = RingDataPath(ring, rank, part.channel)
+        real.run(part, path)
+        assert path.done and not path.rest and not real.frames, "every message of the schedule moved, no more"
+        assert path.held == 0
+    return real
+
+
+CASES = [(2, 10), (3, 1000), (4, (1 << 20) + 5), (5, 3 << 18), (8, 4096)]
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_allreduce_leaves_the_real_rank_its_input(dtype, channels):
+    for (world, count), rank in itertools.product(CASES, (0, 1)):
+        real = play(Kind.ALLREDUCE, world, count, dtype, rank, channels)
+        assert np.array_equal(real.out, real.x), (world, count, rank)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_allgather_mirrors_the_real_rank(channels):
+    for (world, count), rank in itertools.product(CASES, (0, 2)):
+        real = play(Kind.ALLGATHER, world, count, np.float32, rank % world, channels)
+        assert np.array_equal(real.out, np.tile(real.x, world)), (world, count, rank)
+
+
+def test_reduce_scatter_leaves_the_own_block_and_broadcast_zeros():
+    for world, count in CASES:
+        real = play(Kind.REDUCE_SCATTER, world, count, np.float32, 1 % world, 1)
+        r = 1 % world
+        assert np.array_equal(real.out, real.x[r * count : (r + 1) * count])
+        real = play(Kind.BROADCAST, world, count, np.float32, 0, 1, root=world - 1)  # an emulated root: zeros
+        assert not real.out.any()
+        real = play(Kind.BROADCAST, world, count, np.float32, 0, 1, root=0)  # the real root only sends
+        assert np.array_equal(real.out, real.x)
+
+
+def test_a_frame_of_the_wrong_size_is_refused_naming_it():
+    ring = NcclRing(Kind.ALLREDUCE, 4, 1 << 16, 4)
+    path = RingDataPath(ring, 0, 0)
+    path.start()
+    first = ring.sends(0)[0].nbytes
+    with pytest.raises(NcclWireError, match=f"sent {first - 4} bytes as message 0 of its allreduce on channel 0"):
+        path.feed(struct.pack("<i", first - 4) + bytes(first - 4))
+    with pytest.raises(NcclWireError, match="more than the"):
+        RingDataPath(ring, 0, 0).feed(struct.pack("<i", ring.posted_bytes + 1))
+
+
+def test_bytes_beyond_the_collective_are_left_for_the_next():
+    ring = NcclRing(Kind.ALLGATHER, 2, 64, 1)
+    path = RingDataPath(ring, 0, 0)
+    frames = [struct.pack("<i", m.nbytes) + bytes([7]) * m.nbytes for m in ring.sends(0)]
+    out = path.start() + path.feed(b"".join(frames) + b"NEXT")
+    assert path.done and path.rest == b"NEXT"
+    assert [len(f) - 4 for f in out] == [m.nbytes for m in ring.recvs(0)]
+    assert all(f[4:] == bytes([7]) * (len(f) - 4) for f in out)  # the mirror: the rank's own bytes back
