@@ -3,7 +3,7 @@ checks that refuse a setup the NCCL dialect does not speak, before anything star
 
 The controller re-derives what the real rank's NCCL decides (algorithm, protocol,
 channels, transport, one bootstrap root), so those choices must not be left to
-NCCL's tuner or to the machine: each pin below names why (see docs/nccl_wire.md).
+NCCL's tuner or to the machine; `NcclPins.env` groups the pins by why (docs/nccl_wire.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1] / "nccl_patch" / "build"
 NET_PLUGIN = PLUGIN_DIR / "libnccl-net-neuronabox.so"
 PROFILER_PLUGIN = PLUGIN_DIR / "libnccl-profiler-neuronabox.so"
 
-# What NCCL itself offers for the choices the dialect must know, and what it speaks of them.
+# The values of NCCL's own choice variables that the dialect speaks (a pin may still pick one of them).
 SPOKEN_CHOICES: dict[str, tuple[str, ...]] = {"NCCL_ALGO": ("Ring", "Tree"), "NCCL_PROTO": ("Simple",)}
 FLAG_OF = {"NCCL_ALGO": "--nccl-algo", "NCCL_NET": "--nccl-route", "NCCL_MIN_NCHANNELS": "--nccl-channels",
            "NCCL_MAX_NCHANNELS": "--nccl-channels"}  # fmt: skip
