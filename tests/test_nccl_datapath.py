@@ -16,7 +16,8 @@ from neuronabox.controller.dialects.nccl.errors import NcclWireError
 from neuronabox.controller.dialects.nccl.wire import FrameReader
 
 from neuronabox.schedules import Kind
-from neuronabox.schedules.nccl import NcclConfig, NcclRing, align_up, div_up, slice_sizes
+from neuronabox.schedules.gloo import round_up
+from neuronabox.schedules.nccl import NcclConfig, NcclRing, div_up, slice_sizes
 
 
 class RealRank:
@@ -67,7 +68,7 @@ class RealRank:
             chunk0 = part.chunk
             for base in range(0, part.count, w * chunk0):
                 rem = part.count - base
-                chunk = chunk0 if rem >= w * chunk0 else align_up(div_up(rem, w), 16 // self.x.itemsize)
+                chunk = chunk0 if rem >= w * chunk0 else round_up(div_up(rem, w), 16 // self.x.itemsize)
 
                 def at(c: int, base=base, rem=rem, chunk=chunk) -> tuple[int, int]:
                     return part.offset + base + c * chunk, max(0, min(chunk, rem - c * chunk))

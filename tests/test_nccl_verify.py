@@ -46,8 +46,7 @@ WORLD = 2
 
 RANK_PROGRAM = textwrap.dedent(
     """
-    import os, random, socket, struct, sys, threading, time
-    from pathlib import Path
+    import os, random, socket, struct, sys, threading
     from neuronabox.controller.dialects.nccl.layouts import recv_connect_info, send_connect_info
     from neuronabox.controller.dialects.nccl.versions import layout_for
     from neuronabox.controller.dialects.nccl.wire import (
@@ -56,7 +55,7 @@ RANK_PROGRAM = textwrap.dedent(
     from neuronabox.schedules.kinds import Kind
     from neuronabox.schedules.nccl import NcclRing
 
-    RANK, W, D = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    RANK, W, PORT_FD = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # the store's port: rank 0 writes it
     TAMPER = os.environ.get("NBX_TAMPER", "").split(",")
     LAY = layout_for("2.28.9")
     KEY = b"default_pg/0"
@@ -64,13 +63,9 @@ RANK_PROGRAM = textwrap.dedent(
     def listener():
         s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8); return s
     def addr(s): return SockAddr(*s.getsockname())
-    def publish(name, text):
-        (D / (name + ".tmp")).write_text(text); (D / (name + ".tmp")).rename(D / name)
-    def wait_for(name):
-        for _ in range(2000):
-            if (D / name).exists(): return (D / name).read_text()
-            time.sleep(0.005)
-        raise TimeoutError(name)
+    def store_port():  # blocks until rank 0 wrote it; rank 0 gone first: EOF, an error
+        with os.fdopen(PORT_FD) as pipe:
+            return int(pipe.readline())
     def exact(c, n):
         b = b""
         while len(b) < n:
@@ -104,7 +99,8 @@ RANK_PROGRAM = textwrap.dedent(
             for _ in range(W):
                 threading.Thread(target=client, args=(store.accept()[0],)).start()
         threading.Thread(target=serve_store).start()
-        publish("store", str(store.getsockname()[1]))
+        with os.fdopen(PORT_FD, "w") as pipe:
+            pipe.write(f"{store.getsockname()[1]}\\n")
         root = listener()
         uid = UniqueId(random.getrandbits(64), addr(root))
         def serve_root():  # bootstrapRoot: W check-ins, then each rank gets its successor's ring address
@@ -115,10 +111,10 @@ RANK_PROGRAM = textwrap.dedent(
                 c = dial(SockAddr.decode(infos[r].listen_root), uid.magic)
                 send_frame(c, infos[(r + 1) % W].connect_info); c.close()
         threading.Thread(target=serve_root).start()
-        s = socket.create_connection(("127.0.0.1", int(wait_for("store"))))
+        s = socket.create_connection(store.getsockname())
         s.sendall(b"\\x01" + struct.pack("<Q", len(KEY)) + KEY + struct.pack("<Q", 128) + uid.encode()); s.close()
     else:
-        s = socket.create_connection(("127.0.0.1", int(wait_for("store"))))
+        s = socket.create_connection(("127.0.0.1", store_port()))
         s.sendall(b"\\x03" + struct.pack("<Q", len(KEY)) + KEY)
         (n,) = struct.unpack("<Q", exact(s, 8)); uid = UniqueId.decode(exact(s, n)); s.close()
 
@@ -182,15 +178,17 @@ def tap() -> Path:
 def record(out: Path, tap: Path, tamper: str = "") -> Path:
     """Run the two scripted ranks under the wiretap into OUT/w2/, as nccl_record.py lays it out."""
     wdir = out / f"w{WORLD}"
-    rendezvous = out / "rendezvous"
     wdir.mkdir(parents=True)
-    rendezvous.mkdir()
+    port_r, port_w = os.pipe()  # rank 0 tells rank 1 where its store listens
     procs = []
-    for rank in range(WORLD):
+    for rank, fd in zip(range(WORLD), (port_w, port_r), strict=True):
         env = {**os.environ, "LD_PRELOAD": str(tap), "NEURONABOX_WIRETAP": str(wdir / f"rank{rank}"),
                "NBX_TAMPER": tamper}  # fmt: skip
-        cmd = [sys.executable, "-c", RANK_PROGRAM, str(rank), str(WORLD), str(rendezvous)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        cmd = [sys.executable, "-c", RANK_PROGRAM, str(rank), str(WORLD), str(fd)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      pass_fds=(fd,)))  # fmt: skip
+    os.close(port_r)
+    os.close(port_w)
     for p in procs:
         stdout, stderr = p.communicate(timeout=30)
         assert p.returncode == 0 and stdout.strip() == "done", stderr

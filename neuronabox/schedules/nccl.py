@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
-from .gloo import Link, Work
+from .gloo import Link, Work, round_up
 from .kinds import Kind
 
 NCCL_STEPS = 8  # slots per connection (src/include/device.h)
 DEFAULT_BUFFSIZE = 4 << 20  # NCCL_BUFFSIZE default for Simple
-SIMPLE_GRAIN = 512  # ncclProtoGrainSize(NCCL_PROTO_SIMPLE)
 SIMPLE_THREAD_THRESHOLD = 64  # NCCL_SIMPLE_THREAD_THRESHOLD (src/include/comm.h)
 RING_KINDS = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCE_SCATTER, Kind.BROADCAST)
 
@@ -74,10 +73,6 @@ def div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def align_up(a: int, b: int) -> int:
-    return div_up(a, b) * b
-
-
 class Part(NamedTuple):
     """One channel's share of a collective: `count` elements from `offset`, moved in
     chunks of `chunk` elements."""
@@ -106,7 +101,7 @@ def channel_parts(kind: Kind, count: int, elem: int, world: int, config: NcclCon
     n_task = task_channels(task_nbytes, n_max, config)
     traffic = max(config.min_traffic_per_channel, count * elem * tpb)
     per_channel = max(config.min_traffic_per_channel, traffic // n_task)
-    cell = align_up(div_up(config.min_traffic_per_channel, tpb), 16)
+    cell = round_up(div_up(config.min_traffic_per_channel, tpb), 16)
     per_cell = cell // elem
     cells = div_up(count * elem, cell)
     traffic_per_cell = cell * tpb
@@ -202,6 +197,7 @@ class NcclRing:
         self.slices_per_chunk = chunk_steps // slice_steps
         self.steps_per_slice = slice_steps
         self.step_elems = self.config.step_bytes // self.wire_elem
+        self._programs: dict[int, dict[int, list[Op]]] = {}
 
     @cached_property
     def parts(self) -> list[Part]:
@@ -254,7 +250,7 @@ class NcclRing:
         for base in range(0, part.count, loop):
             rem = part.count - base
             if rem < loop:
-                chunk = align_up(div_up(rem, w), max(1, 16 // self.elem))
+                chunk = round_up(div_up(rem, w), max(1, 16 // self.elem))
 
             def n(c: int, rem: int = rem, chunk: int = chunk) -> tuple[int, ...]:
                 return self._slices(min(chunk, rem - c * chunk))
@@ -267,8 +263,11 @@ class NcclRing:
         return ops
 
     def program(self, rank: int) -> dict[int, list[Op]]:
-        """Channel -> ops of `rank`."""
-        return {p.channel: self.ops(rank, p) for p in self.parts}
+        """Channel -> ops of `rank`, built once per rank: sends, recvs and the echo plan
+        all read it, and at 16384 ranks one allreduce's ops take ~0.1 s to build."""
+        if rank not in self._programs:
+            self._programs[rank] = {p.channel: self.ops(rank, p) for p in self.parts}
+        return self._programs[rank]
 
     def _msgs(self, rank: int, recv: bool) -> list[ChannelMsg]:
         peer = (rank - 1) % self.world if recv else (rank + 1) % self.world

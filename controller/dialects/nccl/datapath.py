@@ -52,16 +52,6 @@ class RingDataPath:
         self._next_out = 0
 
     @property
-    def expected_in(self) -> int:
-        """Messages R sends on this channel for this collective."""
-        return len(self._in_sizes)
-
-    @property
-    def expected_out(self) -> int:
-        """Messages R receives on this channel for this collective."""
-        return len(self._out)
-
-    @property
     def done(self) -> bool:
         return self._reader.finished and self._next_out == len(self._out)
 

@@ -25,7 +25,6 @@ HANDSHAKE = struct.Struct("<Qi")  # u64 magic, i32 socket type: what every conne
 SIZE = struct.Struct("<i")  # the bootstrap frame header
 P2P_ACK = struct.Struct("<ii")  # rank, tag
 SOCKET_HANDLE = struct.Struct("<28s4xQii")  # connectAddr, magic@32, nSocks@40, nThreads@44; stage@48..71 zero
-SOCKET_HANDLE_USED = 72
 
 
 class SocketType(IntEnum):
