@@ -144,6 +144,7 @@ class Item(NamedTuple):
     kind: Kind
     count: int  # elements: whole tensor (allreduce, broadcast), per rank (allgather, reduce-scatter)
     elem: int
+    root: int = 0  # broadcast's root
 
 
 def elem_bytes(dtype: str) -> int:
@@ -159,7 +160,7 @@ def barrier(label: str) -> Item:
     return Item(label, Kind.ALLREDUCE, 1, 4)
 
 
-def collective(kind: str, nbytes: int, dtype: str, label: str) -> Item:
+def collective(kind: str, nbytes: int, dtype: str, label: str, root: int = 0) -> Item:
     if kind == "barrier":
         return barrier(label)
     elem = elem_bytes(dtype)
@@ -167,7 +168,7 @@ def collective(kind: str, nbytes: int, dtype: str, label: str) -> Item:
         k = Kind(kind)
     except ValueError:
         raise BadInput(f"result.json names a collective {kind!r} this verifier has no schedule for") from None
-    return Item(label, k, max(1, nbytes // elem), elem)  # nccl_record.run: n = max(1, nbytes // element size)
+    return Item(label, k, max(1, nbytes // elem), elem, root)  # nccl_record.run: n = max(1, nbytes // element size)
 
 
 def program(result: dict[str, Any]) -> list[Item]:
@@ -179,9 +180,10 @@ def program(result: dict[str, Any]) -> list[Item]:
     for c in result.get("checks", []):
         try:
             kind, nbytes, dtype = c["kind"], int(c["bytes"]), str(c.get("dtype", "torch.float32"))
+            root = int(c.get("root", 0))
         except (KeyError, TypeError, ValueError):
             raise BadInput(f"result.json has a malformed check {c!r}") from None
-        items.append(collective(kind, nbytes, dtype, f"{kind} {nbytes} B {dtype.rsplit('.', 1)[-1]}"))
+        items.append(collective(kind, nbytes, dtype, f"{kind} {nbytes} B {dtype.rsplit('.', 1)[-1]}", root))
     for kind, sizes in (result.get("median_s") or {}).items():
         for key in sizes:
             nbytes = int(key)
@@ -189,7 +191,8 @@ def program(result: dict[str, Any]) -> list[Item]:
             for rep in range(TIMING_WARMUP + reps):
                 items.append(barrier(f"timing barrier before {kind} {nbytes} B #{rep}"))
                 items.append(collective(kind, nbytes, "torch.float32", f"timing {kind} {nbytes} B #{rep}"))
-    items.append(barrier("closing barrier"))
+    if result.get("closing_barrier", True):  # torch's barrier before destroy; the rig (scripts/nccl_rig.py) has none
+        items.append(barrier("closing barrier"))
     return items
 
 
@@ -203,7 +206,7 @@ def expected_messages(items: list[Item], world: int, rank: int, channel: int, ch
                       send: bool, min_traffic: int) -> Iterator[Expected]:  # fmt: skip
     config = NcclConfig(channels=channels, min_traffic_per_channel=min_traffic)
     for i, it in enumerate(items):
-        ring = NcclRing(it.kind, world, it.count, it.elem, 0, config)
+        ring = NcclRing(it.kind, world, it.count, it.elem, it.root, config)
         msgs = ring.sends(rank) if send else ring.recvs(rank)
         for j, m in enumerate(x for x in msgs if x.channel == channel):
             yield Expected(m.nbytes, i, j)
