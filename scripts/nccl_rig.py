@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gzip
 import json
 import os
 import select
@@ -93,7 +94,7 @@ def driver(args: argparse.Namespace) -> int:
     record = Path(args.record) / f"w{args.ranks}" if args.record else None
     if record:
         record.mkdir(parents=True, exist_ok=True)
-        for old in record.glob("rank*.tap"):
+        for old in record.glob("rank*.tap*"):
             old.unlink()
     procs: list[subprocess.Popen] = []
     id_read, id_write = os.pipe()
@@ -125,6 +126,7 @@ def driver(args: argparse.Namespace) -> int:
         status = collect(procs, work, plan, args)
         if record:
             write_result(record, plan, args, work)
+            compress_taps(record)
         return status
     finally:
         for fd in (id_read, id_write):
@@ -217,8 +219,17 @@ def write_result(record: Path, plan: list[dict], args: argparse.Namespace, work:
                        "op": case["op"], "root": root})  # fmt: skip
     result = {"nccl": version, "torch": "none (the rig calls libnccl directly)", "gpu": "NeuronaBox CPU rig",
               "world": args.ranks, "algo": "Ring", "channels": args.channels, "checks": checks,
-              "closing_barrier": False, "loaded": [r["loaded"] for r in rank0 if "loaded" in r]}  # fmt: skip
+              "closing_barrier": False, "unique_id_via": "through a pipe from rank 0 (scripts/nccl_rig.py)",
+              "loaded": [r["loaded"] for r in rank0 if "loaded" in r]}  # fmt: skip
     (record / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def compress_taps(record: Path) -> None:
+    """gzip each rank's transcript (payloads are patterned: a committed fixture stays small);
+    scripts/nccl_verify.py reads both forms."""
+    for tap in record.glob("rank*.tap"):
+        tap.with_name(tap.name + ".gz").write_bytes(gzip.compress(tap.read_bytes(), 9, mtime=0))
+        tap.unlink()
 
 
 def case_counts(case: dict, world: int) -> tuple[int, int, int]:
