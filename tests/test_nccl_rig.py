@@ -190,3 +190,97 @@ def test_the_driver_exports_only_the_driver_api() -> None:
     exported = {line.split()[-1] for line in out.splitlines()}
     assert {"cuGetProcAddress_v2", "cuGetExportTable", "cuInit", "cuDriverGetVersion"} <= exported
     assert all(name.startswith("cu") for name in exported), sorted(n for n in exported if not n.startswith("cu"))
+
+
+CUDA_H = Path("/usr/local/cuda/include/cuda.h")
+
+
+@pytest.mark.skipif(not CUDA_H.is_file(), reason="no CUDA toolkit header on this machine to compare with")
+def test_the_rigs_restated_driver_api_agrees_with_nvidias_cuda_h(tmp_path: Path) -> None:
+    """rig_cuda.h restates the values and layouts the driver answers with; NVIDIA's header is the
+    reference. Each side is compiled on its own (their names clash) and prints the same report."""
+    ours = (ROOT / "nccl_patch" / "rig" / "rig_cuda.h").read_text()
+    names = re.findall(r"^\s+((?:CUDA_|CU_)[A-Z0-9_]+) = ", ours, re.M)
+    assert len(names) > 60
+    report = "\n".join(f'  printf("{n} %lld\\n", (long long){n});' for n in names)
+    layout = textwrap.dedent("""
+        printf("CUlaunchConfig %zu %zu %zu\\n", sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream),
+               offsetof(CUlaunchConfig, numAttrs));
+        printf("CUlaunchAttribute %zu %zu\\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value));
+        printf("CUuuid %zu\\n", sizeof(CUuuid));
+        printf("LAUNCH_PARAM %p %p %p\\n", %s, %s, %s);
+    """)
+    outputs = []
+    for header, params in ((str(CUDA_H), ("CU_LAUNCH_PARAM_END", "CU_LAUNCH_PARAM_BUFFER_POINTER",
+                                           "CU_LAUNCH_PARAM_BUFFER_SIZE")),
+                           (str(ROOT / "nccl_patch" / "rig" / "rig_cuda.h"),
+                            ("NBX_CU_LAUNCH_PARAM_END", "NBX_CU_LAUNCH_PARAM_BUFFER_POINTER",
+                             "NBX_CU_LAUNCH_PARAM_BUFFER_SIZE"))):  # fmt: skip
+        src = tmp_path / "report.c"
+        body = report + layout.replace("%s, %s, %s", ", ".join(params))
+        src.write_text(f'#include <stddef.h>\n#include <stdio.h>\n#include "{header}"\nint main(void) {{\n{body}\n}}\n')
+        exe = tmp_path / "report"
+        subprocess.run(["gcc", "-std=gnu11", "-o", str(exe), str(src)], check=True, timeout=60)
+        outputs.append(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
+    assert outputs[0] == outputs[1]
+
+
+STREAM_PROBE = textwrap.dedent("""
+    import ctypes, sys, time
+    cuda = ctypes.CDLL(sys.argv[1])
+    P = ctypes.c_void_p
+    fn, status = P(), ctypes.c_int()
+    get = cuda.cuGetProcAddress_v2
+    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(P), ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    def entry(name, *types):
+        assert get(name.encode(), ctypes.byref(fn), 12090, 0, ctypes.byref(status)) == 0, name
+        return ctypes.CFUNCTYPE(ctypes.c_int, *types)(fn.value)
+    HOSTFN = ctypes.CFUNCTYPE(None, P)
+    create = entry("cuStreamCreate", ctypes.POINTER(P), ctypes.c_uint)
+    host = entry("cuLaunchHostFunc", P, HOSTFN, P)
+    alloc = entry("cuMemAlloc", ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+    dtoh = entry("cuMemcpyDtoH", P, ctypes.c_uint64, ctypes.c_size_t)
+    event_create = entry("cuEventCreate", ctypes.POINTER(P), ctypes.c_uint)
+    record = entry("cuEventRecord", P, P)
+    query = entry("cuEventQuery", P)
+    destroy_stream = entry("cuStreamDestroy", P)
+    destroy_event = entry("cuEventDestroy", P)
+    ctx_sync = entry("cuCtxSynchronize")
+
+    buf = ctypes.c_uint64()
+    alloc(ctypes.byref(buf), 8)
+    @HOSTFN
+    def slow_write(_):
+        time.sleep(0.3)
+        ctypes.c_uint32.from_address(buf.value).value = 7
+    blocking = P()
+    create(ctypes.byref(blocking), 0)
+    host(blocking, slow_write, None)
+    got = ctypes.c_uint32()
+    dtoh(ctypes.byref(got), buf.value, 4)  # the legacy stream waits for the blocking stream's work
+    print("legacy_after_blocking", got.value)
+
+    @HOSTFN
+    def slow(_):
+        time.sleep(0.4)
+    s, e = P(), P()
+    create(ctypes.byref(s), 1)  # non-blocking
+    event_create(ctypes.byref(e), 0)
+    host(s, slow, None)
+    record(e, s)
+    print("pending", query(e))  # CUDA_ERROR_NOT_READY
+    t = time.monotonic()
+    destroy_stream(s)
+    destroy_event(e)
+    print("destroy_returned_at_once", time.monotonic() - t < 0.2)
+    print("ctx_sync", ctx_sync(), flush=True)
+""")
+
+
+def test_streams_and_events_keep_the_drivers_ordering_and_lifetimes() -> None:
+    proc = subprocess.run([sys.executable, "-c", STREAM_PROBE, str(RIG_DIR / "libcuda.so.1")], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines == {"legacy_after_blocking": "7", "pending": "600", "destroy_returned_at_once": "True",
+                     "ctx_sync": "0"}  # fmt: skip

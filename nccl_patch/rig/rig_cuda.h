@@ -1,6 +1,6 @@
 /* The slice of the CUDA driver API the rig answers: types, result codes and
  * enum values, restated from NVIDIA's published driver API (values checked
- * against cuda.h by `make -C nccl_patch rig-abi-check` where a toolkit is
+ * against cuda.h by tests/test_nccl_rig.py where a toolkit is
  * installed). Handles are opaque pointers to the rig's own structs. */
 #ifndef NBX_RIG_CUDA_H
 #define NBX_RIG_CUDA_H

@@ -245,11 +245,21 @@ static CUresult cuCtxSetCurrent_(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
-static CUresult cuCtxPushCurrent_(CUcontext ctx) { return cuCtxSetCurrent_(ctx); }
+/* Each thread's context stack; its top is the current context. */
+static __thread CUcontext pushed[16];
+static __thread int nPushed;
+
+static CUresult cuCtxPushCurrent_(CUcontext ctx) {
+  if (nPushed == (int)(sizeof(pushed) / sizeof(pushed[0]))) return CUDA_ERROR_INVALID_VALUE;
+  pushed[nPushed++] = currentContext;
+  currentContext = ctx;
+  return CUDA_SUCCESS;
+}
 
 static CUresult cuCtxPopCurrent_(CUcontext *ctx) {
+  if (currentContext == NULL) return CUDA_ERROR_INVALID_CONTEXT;
   if (ctx) *ctx = currentContext;
-  currentContext = NULL;
+  currentContext = nPushed > 0 ? pushed[--nPushed] : NULL;
   return CUDA_SUCCESS;
 }
 
@@ -327,6 +337,7 @@ static CUresult cuMemAlloc_(CUdeviceptr *dptr, size_t bytes) {
 
 static CUresult cuMemFree_(CUdeviceptr dptr) {
   if (dptr == 0) return CUDA_SUCCESS;
+  nbxSynchronizeAll(); /* as cudaFree: no queued kernel may still touch the pages */
   return nbxMemRelease((void *)(uintptr_t)dptr, NBX_MEM_DEVICE) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -338,8 +349,8 @@ static CUresult cuMemAllocAsync_(CUdeviceptr *dptr, size_t bytes, CUstream s) {
 static CUresult cuMemFreeAsync_(CUdeviceptr dptr, CUstream s) {
   /* The free must not overtake work queued before it on the stream. */
   CUresult r = nbxStreamSynchronize(s);
-  if (r != CUDA_SUCCESS) return r;
-  return cuMemFree_(dptr);
+  CUresult freed = cuMemFree_(dptr);
+  return r != CUDA_SUCCESS ? r : freed;
 }
 
 /* Memory pools: a pool is a name for "device memory"; its allocations are ordinary ones. */
@@ -360,9 +371,9 @@ static CUresult cuMemPoolSetAttribute_(struct nbxMemPool *pool, int attr, void *
   return CUDA_SUCCESS;
 }
 static CUresult cuMemPoolGetAttribute_(struct nbxMemPool *pool, int attr, void *value) {
-  (void)attr;
   if (pool == NULL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
-  memset(value, 0, sizeof(unsigned long long));
+  /* The reuse policies (1-3) are ints; the threshold and the byte counters (4-8) are 64-bit. */
+  memset(value, 0, attr >= 1 && attr <= 3 ? sizeof(int) : sizeof(unsigned long long));
   return CUDA_SUCCESS;
 }
 static CUresult cuMemPoolTrimTo_(struct nbxMemPool *pool, size_t keep) {
@@ -393,6 +404,7 @@ static CUresult cuMemHostAlloc_(void **pp, size_t bytes, unsigned flags) {
 static CUresult cuMemAllocHost_(void **pp, size_t bytes) { return cuMemHostAlloc_(pp, bytes, 0); }
 
 static CUresult cuMemFreeHost_(void *p) {
+  nbxSynchronizeAll(); /* as cudaFreeHost */
   return nbxMemRelease(p, NBX_MEM_HOST_ALLOC) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -459,6 +471,15 @@ static CUresult pointerAttribute(void *data, int attr, CUdeviceptr ptr) {
   return CUDA_SUCCESS;
 }
 
+/* How wide each pointer attribute's value is (the driver API's types). */
+static size_t pointerAttributeBytes(int attr) {
+  switch (attr) {
+  case 2: case 6: case 8: case 9: case 10: case 13: case 15: case 16: case 21: return sizeof(int);
+  case 5: return 2 * sizeof(unsigned long long); /* CUDA_POINTER_ATTRIBUTE_P2P_TOKENS */
+  default: return sizeof(unsigned long long);   /* pointers, sizes, ids, handle masks */
+  }
+}
+
 static CUresult cuPointerGetAttribute_(void *data, int attr, CUdeviceptr ptr) {
   if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
   return pointerAttribute(data, attr, ptr);
@@ -469,17 +490,17 @@ static CUresult cuPointerGetAttributes_(unsigned n, int *attrs, void **data, CUd
   for (unsigned i = 0; i < n; i++) {
     if (data[i] == NULL) continue;
     /* An attribute about unknown memory answers "not ours" rather than failing the whole query. */
-    if (pointerAttribute(data[i], attrs[i], ptr) != CUDA_SUCCESS) memset(data[i], 0, sizeof(int));
+    if (pointerAttribute(data[i], attrs[i], ptr) != CUDA_SUCCESS) memset(data[i], 0, pointerAttributeBytes(attrs[i]));
   }
   return CUDA_SUCCESS;
 }
 
-/* Synchronous copies and fills: ordered after the default stream's work, as the legacy stream is. */
+/* Synchronous copies and fills run on the legacy default stream, which orders them after every
+ * blocking stream's work, and return once done. */
 static CUresult syncCopy(void *dst, const void *src, size_t bytes) {
-  CUresult r = nbxStreamSynchronize(NULL);
+  CUresult r = nbxStreamCopy(NULL, dst, src, bytes);
   if (r != CUDA_SUCCESS) return r;
-  memmove(dst, src, bytes);
-  return CUDA_SUCCESS;
+  return nbxStreamSynchronize(NULL);
 }
 
 #define PTR(x) ((void *)(uintptr_t)(x))
@@ -512,13 +533,9 @@ static CUresult cuMemcpyPeerAsync_(CUdeviceptr dst, CUcontext dc, CUdeviceptr sr
 }
 
 static CUresult syncFill(CUdeviceptr dst, uint32_t value, size_t elemBytes, size_t count) {
-  CUresult r = nbxStreamSynchronize(NULL);
+  CUresult r = nbxStreamFill(NULL, PTR(dst), value, elemBytes, count);
   if (r != CUDA_SUCCESS) return r;
-  char *d = PTR(dst);
-  if (elemBytes == 1) memset(d, (int)value, count);
-  else
-    for (size_t i = 0; i < count; i++) memcpy(d + i * elemBytes, &value, elemBytes);
-  return CUDA_SUCCESS;
+  return nbxStreamSynchronize(NULL);
 }
 
 static CUresult cuMemsetD8_(CUdeviceptr d, unsigned char v, size_t n) { return syncFill(d, v, 1, n); }
@@ -568,6 +585,10 @@ static CUresult cuStreamGetCtx_(CUstream s, CUcontext *ctx) {
   *ctx = &nbxPrimaryContext;
   return CUDA_SUCCESS;
 }
+static CUresult cuStreamGetCtx_v2_(CUstream s, CUcontext *ctx, void **greenCtx) {
+  if (greenCtx) *greenCtx = NULL; /* no green contexts */
+  return cuStreamGetCtx_(s, ctx);
+}
 static CUresult cuStreamGetDevice_(CUstream s, CUdevice *d) {
   (void)s;
   if (d == NULL) return CUDA_ERROR_INVALID_VALUE;
@@ -603,9 +624,13 @@ static CUresult cuStreamGetCaptureInfo_v3_(CUstream s, int *status, unsigned lon
   if (edges) *edges = NULL;
   return cuStreamGetCaptureInfo_v2_(s, status, id, graph, deps, numDeps);
 }
+static __thread int captureMode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 static CUresult cuThreadExchangeStreamCaptureMode_(int *mode) {
   if (mode == NULL) return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS; /* one mode, exchanged with itself */
+  int old = captureMode;
+  captureMode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
 }
 
 static CUresult cuLaunchHostFunc_(CUstream s, CUhostFn fn, void *data) { return nbxStreamHostFn(s, fn, data); }
@@ -634,9 +659,9 @@ static CUresult cuEventCreate_(CUevent *e, unsigned flags) {
   return CUDA_SUCCESS;
 }
 static CUresult cuEventDestroy_(CUevent e) {
-  /* A GPU lets a recorded event be destroyed before it completes; so does the rig, once it has. */
-  if (e && e->stream) nbxEventSynchronize(e);
-  free(e);
+  /* At once, as the driver: a record still queued frees the event when it runs. */
+  if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  nbxEventDestroy(e);
   return CUDA_SUCCESS;
 }
 static CUresult cuEventRecord_(CUevent e, CUstream s) { return nbxEventRecord(e, s); }
@@ -993,6 +1018,7 @@ static const struct nbxProc procs[] = {
     P("cuStreamGetPriority", 5050, cuStreamGetPriority_),
     P("cuStreamGetId", 12000, cuStreamGetId_),
     P("cuStreamGetCtx", 9020, cuStreamGetCtx_),
+    P("cuStreamGetCtx", 12050, cuStreamGetCtx_v2_),
     P("cuStreamGetDevice", 12080, cuStreamGetDevice_),
     P("cuStreamIsCapturing", 10000, cuStreamIsCapturing_),
     P("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo_v1_),

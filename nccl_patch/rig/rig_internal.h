@@ -73,6 +73,7 @@ CUresult nbxEventRecord(CUevent e, CUstream s);
 CUresult nbxEventQuery(CUevent e);
 CUresult nbxEventSynchronize(CUevent e);
 CUresult nbxEventElapsed(float *ms, CUevent start, CUevent end);
+void nbxEventDestroy(CUevent e);
 CUresult nbxSynchronizeAll(void);
 unsigned long long nbxStreamId(CUstream s);
 unsigned nbxStreamFlags(CUstream s);
@@ -83,6 +84,8 @@ struct nbxEvent {
   uint64_t seq;             /* complete once that stream has finished this many operations */
   double timeMs;            /* when the record operation ran */
   unsigned flags;
+  int pendingRecords;       /* record operations queued and not yet run */
+  int destroyed;
 };
 
 #endif

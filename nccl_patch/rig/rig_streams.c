@@ -1,6 +1,13 @@
 /* Streams as host threads: each runs its queued operations (kernels, host functions, copies,
  * fills, event records, waits on other streams' events) in order, as a GPU stream does. A kernel
- * is NCCL's device code as CPU code (rig_kernels.c). */
+ * is NCCL's device code as CPU code (rig_kernels.c).
+ *
+ * Lifetimes, as the driver's: destroying a stream or an event returns at once, whatever is still
+ * queued. A destroyed stream's thread ends once its queue is empty, and its struct is never freed
+ * (events and other streams' waits may still name it; NCCL makes a handful per communicator), so
+ * a late wait on it finds its work done. An event is freed by whichever comes last: its destroy or
+ * the last of its queued records. The legacy default stream synchronizes with every blocking
+ * stream, both ways. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +27,7 @@ struct nbxOp {
     struct { CUhostFn fn; void *data; } host;
     struct { void *dst; const void *src; size_t bytes; void *staged; } copy;
     struct { void *dst; uint32_t value; size_t elemBytes, count; } fill;
-    struct { CUevent event; } record;
+    struct { CUevent event; uint64_t seq; } record;
     struct { struct nbxStream *stream; uint64_t seq; } wait;
   } u;
 };
@@ -63,6 +70,35 @@ static double nowMs(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Events: their (stream, seq) pair, pending records and destroyed flag, under one lock. */
+static pthread_mutex_t eventLock = PTHREAD_MUTEX_INITIALIZER;
+
+static void eventRecorded(struct nbxStream *s, CUevent e, uint64_t seq) {
+  double now = nowMs();
+  pthread_mutex_lock(&eventLock);
+  if (e->stream == s && e->seq == seq) e->timeMs = now; /* a later record on it has taken over otherwise */
+  int last = --e->pendingRecords == 0 && e->destroyed;
+  pthread_mutex_unlock(&eventLock);
+  if (last) free(e);
+}
+
+void nbxEventDestroy(CUevent e) {
+  pthread_mutex_lock(&eventLock);
+  e->destroyed = 1;
+  int now = e->pendingRecords == 0;
+  pthread_mutex_unlock(&eventLock);
+  if (now) free(e);
+}
+
+/* The event's last record: where and at which sequence number it completes. */
+static struct nbxStream *eventTarget(CUevent e, uint64_t *seq) {
+  pthread_mutex_lock(&eventLock);
+  struct nbxStream *s = e->stream;
+  *seq = e->seq;
+  pthread_mutex_unlock(&eventLock);
+  return s;
+}
+
 static void waitForSeq(struct nbxStream *s, uint64_t seq) {
   pthread_mutex_lock(&s->lock);
   while (s->completed < seq) pthread_cond_wait(&s->changed, &s->lock);
@@ -86,10 +122,13 @@ static void runOp(struct nbxStream *s, struct nbxOp *op) {
   case OP_COPY: memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.bytes); break;
   case OP_FILL: {
     char *d = op->u.fill.dst;
-    for (size_t i = 0; i < op->u.fill.count; i++) memcpy(d + i * op->u.fill.elemBytes, &op->u.fill.value, op->u.fill.elemBytes);
+    if (op->u.fill.elemBytes == 1) memset(d, (int)op->u.fill.value, op->u.fill.count);
+    else
+      for (size_t i = 0; i < op->u.fill.count; i++)
+        memcpy(d + i * op->u.fill.elemBytes, &op->u.fill.value, op->u.fill.elemBytes);
     break;
   }
-  case OP_RECORD: op->u.record.event->timeMs = nowMs(); break;
+  case OP_RECORD: eventRecorded(s, op->u.record.event, op->u.record.seq); break;
   case OP_WAIT: waitForSeq(op->u.wait.stream, op->u.wait.seq); break;
   }
 }
@@ -134,6 +173,7 @@ static struct nbxStream *streamNew(unsigned flags, int priority) {
     free(s);
     return NULL;
   }
+  pthread_detach(s->thread);
   pthread_mutex_lock(&liveLock);
   s->nextLive = live;
   live = s;
@@ -162,8 +202,54 @@ CUresult nbxStreamCreate(CUstream *out, unsigned flags, int priority) {
   return CUDA_SUCCESS;
 }
 
+static void append(struct nbxStream *s, struct nbxOp *op) {
+  op->next = NULL;
+  if (s->tail) s->tail->next = op;
+  else s->head = op;
+  s->tail = op;
+  ++s->submitted;
+  pthread_cond_broadcast(&s->changed);
+}
+
+/* Where `to` must first wait for `from`'s work so far (nothing if it is all done). */
+static void waitOnPending(struct nbxStream *to, struct nbxStream *from) {
+  pthread_mutex_lock(&from->lock);
+  uint64_t target = from->submitted;
+  int pending = from->completed < target;
+  pthread_mutex_unlock(&from->lock);
+  if (!pending) return;
+  struct nbxOp *op = calloc(1, sizeof(*op));
+  if (op == NULL) {
+    waitForSeq(from, target); /* no memory for the op: wait here instead, which orders it as well */
+    return;
+  }
+  op->kind = OP_WAIT;
+  op->u.wait.stream = from;
+  op->u.wait.seq = target;
+  pthread_mutex_lock(&to->lock);
+  append(to, op);
+  pthread_mutex_unlock(&to->lock);
+}
+
+#define CU_STREAM_NON_BLOCKING 0x1
+
+/* The legacy default stream's implicit synchronization: work on it waits for every blocking
+ * stream's earlier work, and work on a blocking stream waits for the default stream's. */
+static void orderWithDefault(struct nbxStream *s) {
+  nbxStreamResolve(NULL);
+  if (s != defaultStream) {
+    if (!(s->flags & CU_STREAM_NON_BLOCKING)) waitOnPending(s, defaultStream);
+    return;
+  }
+  pthread_mutex_lock(&liveLock);
+  for (struct nbxStream *o = live; o != NULL; o = o->nextLive)
+    if (o != s && !(o->flags & CU_STREAM_NON_BLOCKING)) waitOnPending(s, o);
+  pthread_mutex_unlock(&liveLock);
+}
+
 /* Returns the sequence number the op will complete at. */
 static uint64_t enqueue(struct nbxStream *s, struct nbxOp *op) {
+  orderWithDefault(s);
   op->next = NULL;
   pthread_mutex_lock(&s->lock);
   if (s->tail) s->tail->next = op;
@@ -183,15 +269,11 @@ CUresult nbxStreamDestroy(CUstream handle) {
   while (*link != NULL && *link != s) link = &(*link)->nextLive;
   if (*link == s) *link = s->nextLive;
   pthread_mutex_unlock(&liveLock);
-  /* As on a GPU, work already queued still runs; the thread ends after it. */
+  /* As on a GPU, work already queued still runs; the thread ends after it. The struct stays. */
   pthread_mutex_lock(&s->lock);
   s->closing = 1;
   pthread_cond_broadcast(&s->changed);
   pthread_mutex_unlock(&s->lock);
-  pthread_join(s->thread, NULL);
-  pthread_cond_destroy(&s->changed);
-  pthread_mutex_destroy(&s->lock);
-  free(s);
   return CUDA_SUCCESS;
 }
 
@@ -290,24 +372,26 @@ CUresult nbxEventRecord(CUevent e, CUstream handle) {
   struct nbxOp *op = newOp(OP_RECORD);
   if (op == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   op->u.record.event = e;
-  /* The record op and the event's target are the same sequence number: set both under the lock. */
-  op->next = NULL;
+  orderWithDefault(s);
+  /* The record op and the event's target are one sequence number: set both under the locks. */
+  pthread_mutex_lock(&eventLock);
   pthread_mutex_lock(&s->lock);
-  if (s->tail) s->tail->next = op;
-  else s->head = op;
-  s->tail = op;
+  append(s, op);
+  op->u.record.seq = s->submitted;
   e->stream = s;
-  e->seq = ++s->submitted;
-  pthread_cond_broadcast(&s->changed);
+  e->seq = s->submitted;
+  e->pendingRecords++;
   pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&eventLock);
   return CUDA_SUCCESS;
 }
 
 static int eventDone(CUevent e) {
-  struct nbxStream *s = e->stream;
+  uint64_t seq;
+  struct nbxStream *s = eventTarget(e, &seq);
   if (s == NULL) return 1;
   pthread_mutex_lock(&s->lock);
-  int done = s->completed >= e->seq;
+  int done = s->completed >= seq;
   pthread_mutex_unlock(&s->lock);
   return done;
 }
@@ -321,12 +405,19 @@ CUresult nbxEventQuery(CUevent e) {
 
 CUresult nbxEventSynchronize(CUevent e) {
   if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
-  if (e->stream) waitForSeq(e->stream, e->seq);
+  uint64_t seq;
+  struct nbxStream *s = eventTarget(e, &seq);
+  if (s) waitForSeq(s, seq);
   return nbxStickyError();
 }
 
+#define CU_EVENT_DISABLE_TIMING 0x2
+
 CUresult nbxEventElapsed(float *ms, CUevent start, CUevent end) {
   if (ms == NULL || start == NULL || end == NULL) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t seq;
+  if (eventTarget(start, &seq) == NULL || eventTarget(end, &seq) == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
   if (!eventDone(start) || !eventDone(end)) return CUDA_ERROR_NOT_READY;
   *ms = (float)(end->timeMs - start->timeMs);
   return CUDA_SUCCESS;
@@ -334,50 +425,38 @@ CUresult nbxEventElapsed(float *ms, CUevent start, CUevent end) {
 
 CUresult nbxStreamWaitEvent(CUstream handle, CUevent e) {
   if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
-  if (e->stream == NULL) return CUDA_SUCCESS;
+  uint64_t seq;
+  struct nbxStream *target = eventTarget(e, &seq);
+  if (target == NULL) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
   struct nbxStream *s = nbxStreamResolve(handle);
-  if (e->stream == s) return CUDA_SUCCESS; /* in order already */
+  if (target == s) return CUDA_SUCCESS; /* in order already */
   struct nbxOp *op = newOp(OP_WAIT);
   if (op == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-  op->u.wait.stream = e->stream;
-  op->u.wait.seq = e->seq;
+  op->u.wait.stream = target;
+  op->u.wait.seq = seq;
   enqueue(s, op);
   return CUDA_SUCCESS;
 }
 
-/* A context synchronize: every live stream drained up to what was queued when it was called. */
+/* A context synchronize: every live stream drained up to what was queued when it was called.
+ * Streams are never freed, so the snapshot stays valid while it waits without the lock. */
 CUresult nbxSynchronizeAll(void) {
   nbxStreamResolve(NULL);
-  pthread_mutex_lock(&liveLock);
+  struct nbxStream *snapshot[256];
+  uint64_t targets[256];
   size_t n = 0;
-  for (struct nbxStream *s = live; s != NULL; s = s->nextLive) n++;
-  struct nbxStream **all = calloc(n ? n : 1, sizeof(*all));
-  uint64_t *targets = calloc(n ? n : 1, sizeof(*targets));
-  if (all == NULL || targets == NULL) {
-    pthread_mutex_unlock(&liveLock);
-    free(all);
-    free(targets);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  n = 0;
-  for (struct nbxStream *s = live; s != NULL; s = s->nextLive, n++) {
-    all[n] = s;
+  pthread_mutex_lock(&liveLock);
+  for (struct nbxStream *s = live; s != NULL && n < 256; s = s->nextLive, n++) {
+    snapshot[n] = s;
     pthread_mutex_lock(&s->lock);
     targets[n] = s->submitted;
     pthread_mutex_unlock(&s->lock);
   }
+  int more = 0;
+  for (struct nbxStream *s = live; s != NULL; s = s->nextLive) more++;
   pthread_mutex_unlock(&liveLock);
-  /* A stream destroyed meanwhile finished its work first (nbxStreamDestroy joins its thread), but its
-   * memory is gone: synchronize only streams still live, under the lock, one at a time. */
-  for (size_t i = 0; i < n; i++) {
-    pthread_mutex_lock(&liveLock);
-    int stillLive = 0;
-    for (struct nbxStream *s = live; s != NULL; s = s->nextLive) stillLive |= s == all[i];
-    if (stillLive) waitForSeq(all[i], targets[i]);
-    pthread_mutex_unlock(&liveLock);
-  }
-  free(all);
-  free(targets);
+  for (size_t i = 0; i < n; i++) waitForSeq(snapshot[i], targets[i]);
+  if (more > 256) nbxLog("a context synchronize drained 256 of %d streams", more);
   return nbxStickyError();
 }
 
