@@ -22,6 +22,8 @@ import time
 import traceback
 from datetime import timedelta
 
+from neuronabox.delay_models.whatif import WhatIf
+
 from neuronabox import delay_models, topology
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules.gloo import (
@@ -29,8 +31,7 @@ from neuronabox.schedules.gloo import (
     DisseminationBarrier,
     RealRanks,
 )
-from neuronabox.trace import RunTotals, TraceWriter
-from neuronabox.whatif import WhatIf
+from neuronabox.trace.records import RunTotals, TraceWriter
 
 from . import control_pb2
 from .config import ControllerConfig

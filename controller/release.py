@@ -10,12 +10,12 @@ real rank's pace (DESIGN.md, "Timing semantics").
 
 from __future__ import annotations
 
+from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
 
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Entry, Timeline, timeline_for
-from neuronabox.whatif import WhatIf
 
 LATENESS_SAMPLES = 200_000
 

@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from neuronabox.launcher import free_port
-from neuronabox.trace import load as load_trace
+from neuronabox.launcher.run import free_port
+from neuronabox.trace.records import load as load_trace
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -27,7 +27,7 @@ WORLDS = [2, 64, 512]
 
 def write_pinned_placement(path: Path) -> None:
     """The paper's setup on loopback: the real node on core 0, the controller on core 1."""
-    from neuronabox.testbed import Host, Placement
+    from neuronabox.fidelity.testbed import Host, Placement
 
     placement = Placement({0: Host("node0", "127.0.0.1", cpus=[0])}, Host("ctl", "127.0.0.2", cpus=[1]))
     path.write_text(placement.dumps())

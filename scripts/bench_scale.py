@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neuronabox.trace import load as load_trace
+from neuronabox.trace.records import load as load_trace
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")

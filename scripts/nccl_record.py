@@ -2,7 +2,7 @@
 
 Runs 2 to 4 real ranks as separate processes on GPU 0, each its own node through a
 distinct NCCL_HOSTID, on NCCL's Socket net over loopback, with the launcher's pins
-(neuronabox/nccl_launch.py). Each rank runs every collective the dialect speaks at a
+(neuronabox/launcher/nccl_pins.py). Each rank runs every collective the dialect speaks at a
 few sizes, checks the values, and (with --timing) times them for the all-real column
 of the prototype's Table 1. Per world size it leaves under OUT/w<N>/:
 
@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 def driver(args: argparse.Namespace) -> int:
-    from neuronabox.nccl_launch import NcclPins, NcclSetupError, probe_nccl
+    from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, probe_nccl
 
     try:
         version = probe_nccl(sys.executable, os.environ)

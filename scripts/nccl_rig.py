@@ -3,7 +3,7 @@ runs, checked exactly.
 
 Each rank is its own process and its own node (NCCL_HOSTID), on NCCL's Socket net over
 loopback with the launcher's pins, with the rig's CUDA driver first on the library path
-(neuronabox/nccl_rig.py, docs/nccl_rig.md). Rank 0 makes the unique id and hands it to the
+(neuronabox/launcher/nccl_rig.py, docs/nccl_rig.md). Rank 0 makes the unique id and hands it to the
 others through this driver. Every rank then calls the real libnccl directly through ctypes:
 ncclCommInitRank, then each collective at each dtype, op and size, and checks its output
 byte for byte against the values its inputs predict (small integers, exact in fp16 and
@@ -76,8 +76,8 @@ def cases(world: int, sizes: list[int], colls: list[str], dtypes: list[str]) -> 
 
 
 def driver(args: argparse.Namespace) -> int:
-    from neuronabox.nccl_launch import NcclPins
-    from neuronabox.nccl_rig import RigError, check_built, rank_env, verify_unmodified, wheel_library
+    from neuronabox.launcher.nccl_pins import NcclPins
+    from neuronabox.launcher.nccl_rig import RigError, check_built, rank_env, verify_unmodified, wheel_library
 
     try:
         check_built()

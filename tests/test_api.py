@@ -6,9 +6,9 @@ import pytest
 from conftest import EXAMPLE, SCRIPTS
 
 import neuronabox
-from neuronabox.launcher import LaunchError
-from neuronabox.torchrun_args import UsageError
-from neuronabox.trace import load
+from neuronabox.launcher.run import LaunchError
+from neuronabox.launcher.torchrun_args import UsageError
+from neuronabox.trace.records import load
 
 
 def no_children_left() -> None:
@@ -43,7 +43,7 @@ def test_launch_raises_the_cause(tmp_path):
 
 
 def test_options_become_flags():
-    from neuronabox.api import options_to_argv
+    from neuronabox.launcher.api import options_to_argv
 
     argv = options_to_argv({"delay_model": "zero", "inject": ["latency=+1ms", "jitter=1us"], "no_observer": True})
     assert argv == ["--delay-model", "zero", "--inject", "latency=+1ms", "--inject", "jitter=1us", "--no-observer"]

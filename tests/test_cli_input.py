@@ -14,7 +14,7 @@ import pytest
 from conftest import EXAMPLE, SCRIPTS, Live
 
 from neuronabox import topology
-from neuronabox.torchrun_args import UsageError, parse, without_pet
+from neuronabox.launcher.torchrun_args import UsageError, parse, without_pet
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
 TINY = (COLLECTIVES, "--sizes", "8", "--dtypes", "float32")
@@ -131,7 +131,7 @@ def test_every_subcommand_has_help(run, cmd, flag):
 
 
 def test_torchrun_help_names_our_flags_and_torchruns():
-    from neuronabox.torchrun_args import HELP
+    from neuronabox.launcher.torchrun_args import HELP
 
     for flag in ("--real-nodes", "--topology", "--inject", "--trace", "--master-port", "--rdzv-endpoint", "PET_"):
         assert flag in HELP
@@ -157,8 +157,8 @@ def test_pet_variables_are_defaults_and_the_command_line_wins():
 def test_validate_runs_torchrun_without_the_users_pet_flags(monkeypatch, tmp_path):
     """validate gives each run its own flags; a PET_STANDALONE or PET_NNODES of the user's
     would override them in the all-real torchrun (or be refused by the emulated launcher)."""
-    from neuronabox.testbed import Host
-    from neuronabox.validate import Runner
+    from neuronabox.fidelity.testbed import Host
+    from neuronabox.fidelity.validate import Runner
 
     for var, value in {"PET_STANDALONE": "1", "PET_NNODES": "3", "PET_NODE_RANK": "1", "PET_MAX_RESTARTS": "2"}.items():
         monkeypatch.setenv(var, value)
@@ -175,7 +175,7 @@ def test_pet_nnodes_sizes_the_world(run):
 
 @pytest.mark.parametrize("how", ["flag", "PET_RDZV_ENDPOINT"])
 def test_a_rdzv_endpoint_is_the_store(run, how):
-    from neuronabox.launcher import free_port
+    from neuronabox.launcher.run import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     flags, env = (["--rdzv-endpoint", endpoint], {}) if how == "flag" else ([], {"PET_RDZV_ENDPOINT": endpoint})
@@ -202,7 +202,7 @@ def test_a_failed_run_says_where_its_logs_are(run, tmp_path):
 
 
 def test_a_master_port_in_use_is_refused(run):
-    from neuronabox.launcher import free_port
+    from neuronabox.launcher.run import free_port
 
     port = free_port()
     with socket.socket() as s:
@@ -213,7 +213,8 @@ def test_a_master_port_in_use_is_refused(run):
 
 
 def test_status_skips_and_removes_runs_that_are_gone(tmp_path, monkeypatch):
-    from neuronabox import cli, launcher
+    from neuronabox import cli
+    from neuronabox.launcher import run as launcher
 
     monkeypatch.setattr(launcher, "RUNS_DIR", tmp_path)
     dead = os.getpid()
@@ -233,7 +234,7 @@ def test_status_skips_and_removes_runs_that_are_gone(tmp_path, monkeypatch):
 
 
 def test_status_lists_every_live_run(run, tmp_path):
-    from neuronabox.launcher import RUNS_DIR
+    from neuronabox.launcher.run import RUNS_DIR
 
     go_on = tmp_path / "done"
     flags = ("--nnodes", "3", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on), "--sizes", "8")

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import EXAMPLE
 
-from neuronabox.trace import load
+from neuronabox.trace.records import load
 
 REQUIRED_ARGS = {"Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size",
                  "Process Group Name", "Process Group Ranks", "Seq"}  # fmt: skip
@@ -70,9 +70,9 @@ def test_png_export_draws_the_timeline(run, two_rank_trace, tmp_path):
 
 
 def test_chakra_files_parse_back_one_per_rank_with_the_group_file(run, two_rank_trace, tmp_path):
-    from neuronabox import chakra
-    from neuronabox.chakra import et_pb2
-    from neuronabox.simulate import program_of
+    from neuronabox.sim.simulate import program_of
+    from neuronabox.trace import chakra
+    from neuronabox.trace.chakra import et_pb2
 
     out = tmp_path / "et"
     res = run("export", str(two_rank_trace), "--format", "chakra", "--out", str(out))
@@ -128,7 +128,7 @@ def test_nccl_tests_table(run, two_rank_trace):
 
 
 def test_bus_factors_are_nccl_tests():
-    from neuronabox.busbw import bandwidths, bus_factor
+    from neuronabox.trace.busbw import bandwidths, bus_factor
 
     assert bus_factor("allreduce", 8) == 2 * 7 / 8
     assert bus_factor("allgather", 8) == bus_factor("alltoall", 8) == 7 / 8
@@ -139,7 +139,7 @@ def test_bus_factors_are_nccl_tests():
 def test_gaps_wait_for_the_collectives_still_open():
     """A rank's collectives complete out of entry order when they overlap (DDP's
     buckets): a gap is written only once no open collective began before its end."""
-    from neuronabox.trace import GapTracker
+    from neuronabox.trace.records import GapTracker
 
     gaps = GapTracker()
     gaps.add(0, 0.0, 1.0)
@@ -154,7 +154,7 @@ def test_gaps_wait_for_the_collectives_still_open():
 
 
 def test_the_trace_is_schema_2_on_one_clock(two_rank_trace):
-    from neuronabox.trace import SIZE_OF_DTYPE, events
+    from neuronabox.trace.records import SIZE_OF_DTYPE, events
 
     lines = list(events(two_rank_trace))
     header = lines[0][1]

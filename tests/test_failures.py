@@ -111,7 +111,7 @@ def test_store_ports_are_never_ephemeral():
     EADDRINUSE), so the pick stays below that range and is free when picked."""
     import socket
 
-    from neuronabox.launcher import _ephemeral_range, free_port
+    from neuronabox.launcher.run import _ephemeral_range, free_port
 
     low, high = _ephemeral_range()
     ports = [free_port() for _ in range(20)]

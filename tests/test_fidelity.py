@@ -21,7 +21,7 @@ import yaml
 from conftest import ROOT, Live
 from neuronabox.topology import load
 
-from neuronabox.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
+from neuronabox.fidelity.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
 
 MLP = str(ROOT / "examples" / "mlp.py")
 needs_root = pytest.mark.skipif(

@@ -3,7 +3,7 @@
 import pytest
 from conftest import EXAMPLE, SCRIPTS
 
-from neuronabox.trace import load as load_trace
+from neuronabox.trace.records import load as load_trace
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
 

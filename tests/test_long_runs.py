@@ -8,7 +8,7 @@ limit. Its records also piled up in memory, about 3 KB per collective.
 import psutil
 from conftest import ROOT, Live
 
-from neuronabox.trace import events, load
+from neuronabox.trace.records import events, load
 
 LOOP = str(ROOT / "scripts" / "collective_loop.py")
 WARMUP, REPS = 1000, 9000  # each repetition is two barriers: 20,000 collectives in all
@@ -54,7 +54,7 @@ def test_a_cut_off_trace_keeps_what_it_wrote(tmp_path):
     path = tmp_path / "cut.jsonl"
     from neuronabox.controller.outcomes import InstanceRecord
 
-    from neuronabox.trace import TraceWriter
+    from neuronabox.trace.records import TraceWriter
 
     w = TraceWriter(path, {"world_size": 4})
     for tag in range(3):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronabox.nccl_launch import NET_PLUGIN, PROFILER_PLUGIN, NcclPins, NcclSetupError, check_user_env
+from neuronabox.launcher.nccl_pins import NET_PLUGIN, PROFILER_PLUGIN, NcclPins, NcclSetupError, check_user_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"

@@ -6,7 +6,7 @@ import re
 import pytest
 from conftest import EXAMPLE
 
-from neuronabox.trace import load
+from neuronabox.trace.records import load
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_every_replayed_kind_runs_through_the_engine(run, tmp_path):
     without stalling; what is not replayed is named."""
     from conftest import SCRIPTS, nbx
 
-    from neuronabox.simulate import REPLAYED
+    from neuronabox.sim.simulate import REPLAYED
 
     live_path = tmp_path / "every.jsonl"
     res = nbx("torchrun", "--nnodes", "8", "--trace", str(live_path), str(SCRIPTS / "every_collective.py"))
@@ -205,7 +205,7 @@ def test_a_collective_that_overlapped_once_never_waits():
     that overlapped its predecessor in any iteration did not, and neither does the
     same collective (place after the step, kind, group, size) in the other iterations."""
     from neuronabox.schedules import Kind
-    from neuronabox.simulate import Op, follows, mark_free
+    from neuronabox.sim.simulate import Op, follows, mark_free
 
     ops, steps = [], []
     for it, t in enumerate((0.0, 1.0, 2.0)):  # two buckets per iteration; they overlap in the second only

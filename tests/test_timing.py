@@ -7,6 +7,7 @@ import random
 import pytest
 from neuronabox.controller.release import ReleaseTiming
 from neuronabox.delay_models import load as load_model
+from neuronabox.delay_models.whatif import WhatIf, WhatIfError, parse
 from neuronabox.topology import HostWork, LinkClass, Topology
 from neuronabox.topology import load as load_topology
 
@@ -22,7 +23,6 @@ from neuronabox.schedules.gloo import (
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
 from neuronabox.schedules.timing import Entry, reference_arrivals, timeline_for
-from neuronabox.whatif import WhatIf, WhatIfError, parse
 
 KINDS = ["allreduce", "reduce", "allgather", "broadcast", "barrier"]  # the kinds `reference_arrivals` evaluates
 

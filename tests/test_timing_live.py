@@ -9,7 +9,7 @@ import statistics
 import pytest
 from conftest import EXAMPLE, ROOT, Live, nbx
 
-from neuronabox.trace import load as load_trace
+from neuronabox.trace.records import load as load_trace
 
 LOOP = str(ROOT / "scripts" / "collective_loop.py")
 SLOW_LAB = """name: slow-lab
@@ -131,7 +131,7 @@ def test_whatif_sweep_on_the_example(tmp_path):
 
     img = matplotlib.image.imread(str(tmp_path / "sweep.png"))
     assert img.shape[0] > 100 and img.shape[1] > 100
-    from neuronabox.sweep import plot
+    from neuronabox.sim.sweep import plot
 
     xlabel, ylabel = plot([(r["latency"], float(r["latency_s"]), it) for r, it in zip(rows, its, strict=True)],
                           "latency", "", tmp_path / "again.png")  # fmt: skip

@@ -55,7 +55,7 @@ def test_a_punctual_rank_ends_when_the_closed_form_says(kind, world, real, work)
 
 def test_what_if_latency_moves_the_virtual_end():
     """A what-if modifier reaches the virtual run as it reaches a live one."""
-    from neuronabox.whatif import WhatIf
+    from neuronabox.delay_models.whatif import WhatIf
 
     world, real = 16, 0
     ends = []

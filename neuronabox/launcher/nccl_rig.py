@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
-from neuronabox.nccl_launch import NcclPins
+from neuronabox.launcher.nccl_pins import NcclPins
 
-RIG_DIR = Path(__file__).resolve().parents[1] / "nccl_patch" / "build" / "rig"
+RIG_DIR = Path(__file__).resolve().parents[2] / "nccl_patch" / "build" / "rig"
 RIG_DRIVER = RIG_DIR / "libcuda.so.1"
 RIG_NVML = RIG_DIR / "libnvidia-ml.so.1"
 WHEEL = "nvidia-nccl-cu12"

@@ -16,12 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from neuronabox.delay_models.whatif import WhatIfError, parse
 from neuronabox.errors import NeuronaBoxError
-
-from .api import RunResult, run_argv
-from .launcher import LaunchError
-from .torchrun_args import UsageError
-from .whatif import WhatIfError, parse
+from neuronabox.launcher.api import RunResult, run_argv
+from neuronabox.launcher.run import LaunchError
+from neuronabox.launcher.torchrun_args import UsageError
 
 SWEEPABLE = {"latency": "injected latency", "bandwidth": "bandwidth factor", "jitter": "injected jitter"}
 SIMULATE_ONLY = {"nnodes": "emulated nodes"}  # a live sweep cannot change the world: a simulated one can
@@ -71,7 +70,7 @@ def trace_name(out: str, n: int, label: str) -> Path:
 
 
 def sweep_main(argv: list[str]) -> int:
-    from .cli import ArgParser
+    from neuronabox.cli import ArgParser
 
     i = argv.index("--") if "--" in argv else len(argv)
     ours, script = argv[:i], argv[i + 1 :]
@@ -130,7 +129,7 @@ def sweep_main(argv: list[str]) -> int:
 
 def simulated_sweep(ns) -> int:
     """The sweep in simulation: one replay of the trace per value, no process run."""
-    from .simulate import SimulateError, load_trace, run_simulation
+    from neuronabox.sim.simulate import SimulateError, load_trace, run_simulation
 
     try:
         key, points = plan(ns.sweep, ns.extra, simulated=True)

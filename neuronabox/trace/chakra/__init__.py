@@ -20,8 +20,7 @@ import json
 from pathlib import Path
 
 from neuronabox.schedules import Kind
-
-from . import et_pb2
+from neuronabox.trace.chakra import et_pb2
 
 VERSION = "0.0.4"  # the Chakra schema version these files follow
 COMM_TYPE = {
@@ -53,7 +52,7 @@ def _attr(name: str, **value) -> et_pb2.AttributeProto:
 
 def nodes_of(prog) -> list[et_pb2.Node]:
     """The program as Chakra nodes (ids from 0, in program order)."""
-    from neuronabox.simulate import follows
+    from neuronabox.sim.simulate import follows
 
     nodes: list[et_pb2.Node] = []
     comm_ids: list[int] = []

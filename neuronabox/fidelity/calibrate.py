@@ -23,7 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .testbed import Host, Loopback, Netns, TestbedError, TestbedUnavailable, check_netns_possible, parse_rate
+from neuronabox.fidelity.testbed import (
+    Host,
+    Loopback,
+    Netns,
+    TestbedError,
+    TestbedUnavailable,
+    check_netns_possible,
+    parse_rate,
+)
 
 PROBE_TIMEOUT_S = 180
 MARK = "neuronabox-calibration "
@@ -143,8 +151,8 @@ def write_topology(cal: Calibration, path: Path) -> None:
 
 def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
     """Run the probe's two ranks on the two hosts; rank 0's measurements."""
-    from .launcher import free_port
-    from .reaping import Family
+    from neuronabox.launcher.reaping import Family
+    from neuronabox.launcher.run import free_port
 
     port = free_port(hosts[0].address) if not hosts[0].netns else 29500 + os.getpid() % 1000
     family = Family()
@@ -165,7 +173,7 @@ def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
             )
             family.add(
                 subprocess.Popen(
-                    [sys.executable, "-m", "neuronabox.calibrate_probe"],
+                    [sys.executable, "-m", "neuronabox.fidelity.calibrate_probe"],
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

@@ -34,7 +34,7 @@ class ArgParser(argparse.ArgumentParser):
 def live_runs() -> list[dict]:
     """Every run registered in RUNS_DIR/<launcher pid>.json whose launcher lives; the
     files of dead ones are removed."""
-    from .launcher import RUNS_DIR
+    from neuronabox.launcher.run import RUNS_DIR
 
     runs = []
     for f in sorted(RUNS_DIR.glob("*.json")):
@@ -62,7 +62,7 @@ def unreachable(address: str, exc: BaseException) -> str:
 
 def token_for(address: str) -> str:
     """The control token of the registered run at `address` ("" if none: refused)."""
-    from .launcher import RUNS_DIR
+    from neuronabox.launcher.run import RUNS_DIR
 
     for entry in [*live_runs(), _entry(RUNS_DIR / "latest.json")]:
         if entry and entry.get("control") == address:
@@ -78,7 +78,7 @@ def _entry(path) -> dict:
 
 
 def _control_address(given: str | None) -> str | None:
-    from .launcher import RUNS_DIR
+    from neuronabox.launcher.run import RUNS_DIR
 
     if given is not None:
         return given
@@ -141,8 +141,7 @@ def inject_main(argv: list[str]) -> int:
     """Change the what-if modifiers of a live run; collectives that start later see them."""
     from neuronabox.controller import control_pb2
     from neuronabox.controller.service import connect
-
-    from .whatif import WhatIfError, parse
+    from neuronabox.delay_models.whatif import WhatIfError, parse
 
     p = ArgParser(prog="neuronabox inject")
     p.add_argument("--address", help="the controller's control address (default: the latest run)")
@@ -198,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "torchrun":
-        from .launcher import torchrun_main
+        from neuronabox.launcher.run import torchrun_main
 
         return torchrun_main(rest)
     if cmd == "status":
@@ -208,23 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "inject":
         return inject_main(rest)
     if cmd == "calibrate":
-        from .calibrate import calibrate_main
+        from neuronabox.fidelity.calibrate import calibrate_main
 
         return calibrate_main(rest)
     if cmd == "simulate":
-        from .simulate import simulate_main
+        from neuronabox.sim.simulate import simulate_main
 
         return simulate_main(rest)
     if cmd == "export":
-        from .export import export_main
+        from neuronabox.trace.export import export_main
 
         return export_main(rest)
     if cmd == "validate":
-        from .validate import validate_main
+        from neuronabox.fidelity.validate import validate_main
 
         return validate_main(rest)
     if cmd == "whatif":
-        from .sweep import sweep_main
+        from neuronabox.sim.sweep import sweep_main
 
         return sweep_main(rest)
     print(f"neuronabox: error: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)

@@ -17,10 +17,11 @@ import math
 import random
 from dataclasses import dataclass
 
-from neuronabox.errors import NeuronaBoxError
-from neuronabox.schedules import KINDS
 from neuronabox.topology import LinkClass
 from neuronabox.topology.presets import parse_latency
+
+from neuronabox.errors import NeuronaBoxError
+from neuronabox.schedules import KINDS
 
 
 class WhatIfError(NeuronaBoxError, ValueError):

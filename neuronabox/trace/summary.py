@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .busbw import bandwidths
+from neuronabox.trace.busbw import bandwidths
 
 
 def _fmt_bytes(n: float) -> str:

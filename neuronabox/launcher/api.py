@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .reaping import become_subreaper
-from .summary import format_summary
+from neuronabox.launcher.reaping import become_subreaper
+from neuronabox.trace.summary import format_summary
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,8 @@ def launch(
 
 def run_argv(argv: list[str], output: str | os.PathLike | None = None) -> RunResult:
     """`launch` for a `neuronabox torchrun` command line (flags, then the script)."""
-    from .launcher import Run
-    from .torchrun_args import parse
+    from neuronabox.launcher.run import Run
+    from neuronabox.launcher.torchrun_args import parse
 
     run = Run(parse(argv, environ={}))
     run.output = Path(output) if output is not None else None

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronabox import delay_models, topology
+from neuronabox.delay_models.whatif import WhatIf, WhatIfError
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
@@ -52,10 +54,7 @@ from neuronabox.schedules.gloo import (
     Schedule,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
-from neuronabox.whatif import WhatIf, WhatIfError
-
-from . import trace as tracefile
-from .errors import NeuronaBoxError
+from neuronabox.trace import records as tracefile
 
 REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL)
 
@@ -388,7 +387,7 @@ def load_trace(path: str) -> dict:
 
 
 def simulate_main(argv: list[str]) -> int:
-    from .cli import ArgParser
+    from neuronabox.cli import ArgParser
 
     p = ArgParser(prog="neuronabox simulate", description="Replay a recorded run's real rank at any world size.")
     p.add_argument("trace", help="a trace written by --trace")
@@ -421,7 +420,7 @@ def simulate_main(argv: list[str]) -> int:
 def report(
     sim: Simulated, totals, world: int, prog: Program, model: str, topo: str, whatif: WhatIf, costs: Costs
 ) -> str:
-    from .busbw import bandwidths
+    from neuronabox.trace.busbw import bandwidths
 
     charged = ", ".join(f"{k}{'' if g == '0' else f' (group {g})'} {c * 1e3:.3f} ms"
                         for (k, g), c in sorted(costs.items()) if c > 0)  # fmt: skip

@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import trace as tracefile
-from .busbw import bandwidths
+from neuronabox.trace import records as tracefile
+from neuronabox.trace.busbw import bandwidths
 
 GAP_TRACK, COLL_TRACK = 1, 0
 
@@ -218,7 +218,7 @@ def png(doc: dict, path: Path, window: tuple[float, float] | None = None) -> Non
 
 
 def export_main(argv: list[str]) -> int:
-    from .cli import ArgParser
+    from neuronabox.cli import ArgParser
 
     p = ArgParser(
         prog="neuronabox export",
@@ -268,8 +268,8 @@ def export_main(argv: list[str]) -> int:
 
 
 def _chakra(doc: dict, out: Path) -> int:
-    from . import chakra
-    from .simulate import program_of
+    from neuronabox.sim.simulate import program_of
+    from neuronabox.trace import chakra
 
     if out.exists() and not out.is_dir():
         print(f"neuronabox: error: --out {out} is a file; chakra writes a folder", file=sys.stderr)

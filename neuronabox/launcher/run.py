@@ -26,18 +26,16 @@ import warnings
 from pathlib import Path
 
 from neuronabox import delay_models, topology
-from neuronabox import trace as tracefile
 from neuronabox.controller.config import ControllerConfig, real_ranks_of
 from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
+from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.errors import NeuronaBoxError
-from neuronabox.whatif import WhatIf, WhatIfError
-
-from .api import RunResult, result_of
-from .nccl_launch import NcclPins, NcclSetupError, check_user_env, probe_nccl
-from .reaping import Family, become_subreaper, die_with_parent
-from .testbed import Host, Placement
-from .torchrun_args import (
+from neuronabox.fidelity.testbed import Host, Placement
+from neuronabox.launcher.api import RunResult, result_of
+from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, check_user_env, probe_nccl
+from neuronabox.launcher.reaping import Family, become_subreaper, die_with_parent
+from neuronabox.launcher.torchrun_args import (
     HELP,
     LaunchArgs,
     UsageError,
@@ -48,13 +46,14 @@ from .torchrun_args import (
     port_number,
     without_pet,
 )
+from neuronabox.trace import records as tracefile
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 READY_TIMEOUT_S = 120
 CONTROLLER_STALLED = 4  # the controller's exit status when its watchdog ended the run
 CONTROLLER_STORE_LOST = 5  # ... when the store a real node's agent hosts went away
 DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
-OBSERVER_DIR = Path(__file__).parent / "observer"
+OBSERVER_DIR = Path(__file__).resolve().parents[1] / "observer"
 RUNS_DIR = Path(tempfile.gettempdir()) / "neuronabox-runs"
 MIN_TORCH = (2, 2)
 

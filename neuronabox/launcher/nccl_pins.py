@@ -17,7 +17,7 @@ from neuronabox.errors import NeuronaBoxError
 
 ALGORITHMS = {"ring": "Ring", "tree": "Tree"}
 ROUTES = ("socket", "plugin")
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "nccl_patch" / "build"
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "nccl_patch" / "build"
 NET_PLUGIN = PLUGIN_DIR / "libnccl-net-neuronabox.so"
 PROFILER_PLUGIN = PLUGIN_DIR / "libnccl-profiler-neuronabox.so"
 

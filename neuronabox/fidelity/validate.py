@@ -30,11 +30,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import trace as tracefile
-from .calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
-from .reaping import Family
-from .testbed import Host, Loopback, Netns, Placement, TestbedError, TestbedUnavailable, check_netns_possible
-from .torchrun_args import UsageError, index_list, int_flag, parse, without_pet
+from neuronabox.fidelity.calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
+from neuronabox.fidelity.testbed import (
+    Host,
+    Loopback,
+    Netns,
+    Placement,
+    TestbedError,
+    TestbedUnavailable,
+    check_netns_possible,
+)
+from neuronabox.launcher.reaping import Family
+from neuronabox.launcher.torchrun_args import UsageError, index_list, int_flag, parse, without_pet
+from neuronabox.trace import records as tracefile
 
 ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
 RUN_TIMEOUT_S = 900
@@ -149,7 +157,7 @@ class Runner:
         """A fresh store port per run: TIME_WAIT sockets keep the last one a while. In the
         testbed's own namespaces every port is free; on loopback ask the kernel."""
         if self.loopback:
-            from .launcher import free_port
+            from neuronabox.launcher.run import free_port
 
             return free_port("127.0.0.1")
         self.port += 1

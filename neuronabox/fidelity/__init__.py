@@ -1,0 +1,1 @@
+"""Fidelity: the testbeds, the calibration probe, `calibrate` and `validate`."""

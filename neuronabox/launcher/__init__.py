@@ -1,0 +1,2 @@
+"""The launcher: the job description, torchrun's flags, process orchestration and reaping,
+NCCL's pins and the rig, and the Python API."""

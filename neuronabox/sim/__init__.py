@@ -1,0 +1,1 @@
+"""Simulation: the recorded program replayed in virtual time, and sweeps."""

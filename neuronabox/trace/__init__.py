@@ -1,0 +1,1 @@
+"""Traces: the schema, its reader and writer, the summary, and the exports."""
