@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from neuronabox.launcher.run import free_port
+from neuronabox.launcher.ports import free_port
 from neuronabox.trace.records import load as load_trace
 
 HERE = Path(__file__).resolve().parent

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
 
-from neuronabox.launcher.run import free_port
+from neuronabox.launcher.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")

@@ -121,7 +121,10 @@ def test_argparse_errors_are_one_line(run):
 
 
 # -- help -----------------------------------------------------------------------------
-@pytest.mark.parametrize("cmd", ["torchrun", "whatif", "status", "inject", "calibrate", "validate", "topology"])
+COMMANDS = ["torchrun", "simulate", "whatif", "export", "calibrate", "validate", "status", "inject", "topology"]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_every_subcommand_has_help(run, cmd, flag):
     res = run(cmd, flag, timeout=60)
@@ -130,11 +133,23 @@ def test_every_subcommand_has_help(run, cmd, flag):
     assert not res.err
 
 
-def test_torchrun_help_names_our_flags_and_torchruns():
-    from neuronabox.launcher.torchrun_args import HELP
+def test_the_top_level_help_names_every_command_on_a_line_of_its_own(run):
+    res = run("--help", timeout=60)
+    assert res.rc == 0, res.err
+    listed = [line.split()[0] for line in res.out.splitlines() if line.startswith("  ")]
+    assert listed == COMMANDS
+    assert all(len(line.split()) > 3 for line in res.out.splitlines() if line.startswith("  "))  # a summary each
 
-    for flag in ("--real-nodes", "--topology", "--inject", "--trace", "--master-port", "--rdzv-endpoint", "PET_"):
-        assert flag in HELP
+
+def test_torchrun_help_names_our_flags_and_torchruns():
+    from neuronabox.cli.torchrun import build_parser
+    from neuronabox.launcher.torchrun_args import OUR_SWITCHES, OURS, OURS_REPEATED
+
+    parser = build_parser()
+    described = {flag for action in parser._actions if action.help for flag in action.option_strings}
+    assert OURS | OURS_REPEATED | OUR_SWITCHES <= described  # every flag of ours, with its help
+    for flag in ("--master-port", "--rdzv-endpoint", "--nnodes", "--nproc-per-node", "PET_"):
+        assert flag in parser.format_help()
     assert parse(["--nnodes", "4", "--help"]).help
     assert not parse([EXAMPLE, "--help"], environ={}).help  # after the script: the script's own
 
@@ -175,7 +190,7 @@ def test_pet_nnodes_sizes_the_world(run):
 
 @pytest.mark.parametrize("how", ["flag", "PET_RDZV_ENDPOINT"])
 def test_a_rdzv_endpoint_is_the_store(run, how):
-    from neuronabox.launcher.run import free_port
+    from neuronabox.launcher.ports import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     flags, env = (["--rdzv-endpoint", endpoint], {}) if how == "flag" else ([], {"PET_RDZV_ENDPOINT": endpoint})
@@ -202,7 +217,7 @@ def test_a_failed_run_says_where_its_logs_are(run, tmp_path):
 
 
 def test_a_master_port_in_use_is_refused(run):
-    from neuronabox.launcher.run import free_port
+    from neuronabox.launcher.ports import free_port
 
     port = free_port()
     with socket.socket() as s:
@@ -213,10 +228,10 @@ def test_a_master_port_in_use_is_refused(run):
 
 
 def test_status_skips_and_removes_runs_that_are_gone(tmp_path, monkeypatch):
-    from neuronabox import cli
-    from neuronabox.launcher import run as launcher
+    from neuronabox.cli import status
+    from neuronabox.launcher import registry
 
-    monkeypatch.setattr(launcher, "RUNS_DIR", tmp_path)
+    monkeypatch.setattr(registry, "RUNS_DIR", tmp_path)
     dead = os.getpid()
     while True:  # a pid no process has
         dead += 1000
@@ -229,12 +244,12 @@ def test_status_skips_and_removes_runs_that_are_gone(tmp_path, monkeypatch):
     (tmp_path / f"{dead}.json").write_text(json.dumps({"control": "127.0.0.1:1", "pid": dead}))
     (tmp_path / f"{os.getpid()}.json").write_text(json.dumps({"control": "127.0.0.1:2", "pid": os.getpid()}))
     (tmp_path / "latest.json").write_text(json.dumps({"control": "127.0.0.1:1", "pid": dead}))
-    assert [r["control"] for r in cli.live_runs()] == ["127.0.0.1:2"]
+    assert [r["control"] for r in status.live_runs()] == ["127.0.0.1:2"]
     assert not (tmp_path / f"{dead}.json").exists() and (tmp_path / "latest.json").exists()
 
 
 def test_status_lists_every_live_run(run, tmp_path):
-    from neuronabox.launcher.run import RUNS_DIR
+    from neuronabox.launcher.registry import RUNS_DIR
 
     go_on = tmp_path / "done"
     flags = ("--nnodes", "3", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on), "--sizes", "8")

@@ -111,9 +111,9 @@ def test_store_ports_are_never_ephemeral():
     EADDRINUSE), so the pick stays below that range and is free when picked."""
     import socket
 
-    from neuronabox.launcher.run import _ephemeral_range, free_port
+    from neuronabox.launcher.ports import ephemeral_range, free_port
 
-    low, high = _ephemeral_range()
+    low, high = ephemeral_range()
     ports = [free_port() for _ in range(20)]
     assert not [p for p in ports if low <= p <= high]
     assert len(set(ports)) > 1  # random, so two concurrent runs rarely collide

@@ -387,7 +387,7 @@ def test_store_listener_binds_the_master_address():
     from neuronabox.controller.config import ControllerConfig
     from neuronabox.controller.rendezvous import open_store
 
-    from neuronabox.launcher.run import free_port
+    from neuronabox.launcher.ports import free_port
 
     cfg = ControllerConfig(
         nnodes=2, nproc_per_node=1, real_nodes=[1], master_addr="127.0.0.1", master_port=free_port(),

@@ -89,3 +89,80 @@ def test_the_lower_layers_import_only_what_is_below_them():
             extra = {m for m in absolute_imports(path)
                      if not m.startswith(own) and not any(m == a or m.startswith(a + ".") for a in allowed)}
             assert not extra, f"{path.relative_to(ROOT)} imports {sorted(extra)}"
+
+
+# The whole tool: every module of every package, by its installed name.
+PACKAGES = {"neuronabox": ROOT / "neuronabox", "neuronabox.controller": ROOT / "controller",
+            "neuronabox.delay_models": ROOT / "delay_models", "neuronabox.topology": ROOT / "topology"}  # fmt: skip
+
+
+def tool_modules() -> dict[str, Path]:
+    found = {}
+    for prefix, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            if "_pb2" in path.name or path.name == "__main__.py":
+                continue
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((prefix, *parts)).removesuffix(".__init__")
+            if prefix == "neuronabox" and parts[0] in ("controller", "delay_models", "topology"):
+                continue  # not under neuronabox/ on disk
+            found[name] = path
+    return found
+
+
+def tool_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The tool's modules `name` imports, at any depth (a function-level import counts):
+    `from P import N` is module P.N where that is a module, else P."""
+    is_package = path.name == "__init__.py"
+    pkg = name if is_package else name.rsplit(".", 1)[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                sub = f"{module}.{alias.name}"
+                targets.add(sub if sub in known else module)
+    return {t for t in targets if t in known and t != name}
+
+
+def test_no_import_cycle_anywhere_in_the_tool():
+    known = tool_modules()
+    graph = {name: tool_imports(name, path, known) for name, path in known.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for dep in sorted(graph[m]):
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path + [m, dep])
+            if dep not in state:
+                visit(dep, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_nothing_imports_the_command_line():
+    known = tool_modules()
+    for name, path in known.items():
+        if name == "neuronabox.cli" or name.startswith("neuronabox.cli."):
+            continue
+        cli = {m for m in tool_imports(name, path, known) if m == "neuronabox.cli" or m.startswith("neuronabox.cli.")}
+        assert not cli, f"{path.relative_to(ROOT)} imports {sorted(cli)}"
+
+
+def test_no_module_over_600_lines_and_no_class_over_300():
+    for path in tool_modules().values():
+        text = path.read_text()
+        assert len(text.splitlines()) <= 600, f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                assert size <= 300, f"{path.relative_to(ROOT)}: class {node.name} is {size} lines"

@@ -29,7 +29,6 @@ from neuronabox.fidelity.testbed import (
     Netns,
     TestbedError,
     TestbedUnavailable,
-    check_netns_possible,
     parse_rate,
 )
 
@@ -151,8 +150,8 @@ def write_topology(cal: Calibration, path: Path) -> None:
 
 def probe(hosts: tuple[Host, Host], max_bytes: int, seconds: float) -> dict:
     """Run the probe's two ranks on the two hosts; rank 0's measurements."""
+    from neuronabox.launcher.ports import free_port
     from neuronabox.launcher.reaping import Family
-    from neuronabox.launcher.run import free_port
 
     port = free_port(hosts[0].address) if not hosts[0].netns else 29500 + os.getpid() % 1000
     family = Family()
@@ -213,49 +212,9 @@ def calibrate(testbed: str, rate_bps: float | None, max_bytes: int | None = None
     return Calibration.from_probe(raw, testbed, rate_bps)
 
 
-def add_testbed_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--testbed",
-        choices=("loopback", "netns"),
-        default="loopback",
-        help="loopback: each rank on a core of its own; netns: namespaces with shaped links (root)",
-    )
-    p.add_argument("--rate", help="netns: the link rate of each node, e.g. 100mbit, 1gbit (default 1gbit)")
-
-
 def testbed_rate(ns: argparse.Namespace) -> float | None:
     if ns.testbed == "loopback":
         if ns.rate:
             raise TestbedUnavailable("--rate shapes the netns testbed's links; loopback has no link to shape")
         return None
     return parse_rate(ns.rate or "1gbit")
-
-
-def calibrate_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="neuronabox calibrate",
-        description="Measure the link, Gloo's per-message cost and the reduction cost between two real ranks, "
-        "fit them, and write a topology file for --topology.",
-    )
-    add_testbed_flags(p)
-    p.add_argument("--out", required=True, help="the topology file to write (YAML)")
-    p.add_argument("--max-bytes", type=int, help="the largest Gloo message measured")
-    ns = p.parse_args(argv)
-    out = Path(ns.out)
-    try:
-        rate = testbed_rate(ns)
-        if ns.testbed == "netns":
-            check_netns_possible()
-        if not out.parent.is_dir():
-            raise TestbedUnavailable(f"--out: no folder {str(out.parent)!r} to write into")
-        cal = calibrate(ns.testbed, rate, ns.max_bytes)
-    except TestbedError as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, TestbedUnavailable) else 1
-    except KeyboardInterrupt:
-        print("neuronabox: interrupted", file=sys.stderr)
-        return 130
-    print(cal.report())
-    write_topology(cal, out)
-    print(f"wrote {out} (use it with --topology {out})")
-    return 0

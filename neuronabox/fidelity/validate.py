@@ -20,25 +20,18 @@ import argparse
 import csv
 import os
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuronabox.fidelity.calibrate import add_testbed_flags, calibrate, testbed_rate, write_topology
+from neuronabox.fidelity.calibrate import testbed_rate
 from neuronabox.fidelity.testbed import (
     Host,
-    Loopback,
-    Netns,
     Placement,
     TestbedError,
-    TestbedUnavailable,
-    check_netns_possible,
 )
 from neuronabox.launcher.reaping import Family
 from neuronabox.launcher.torchrun_args import UsageError, index_list, int_flag, parse, without_pet
@@ -80,27 +73,9 @@ class Job:
         return self.real_nodes[0] * self.nproc
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Job]:
-    if "--" not in argv:
-        raise UsageError("validate needs the script after --")
-    i = argv.index("--")
-    ours, script = argv[:i], argv[i + 1 :]
-    if not script:
-        raise UsageError("no training script given after --")
-    p = argparse.ArgumentParser(
-        prog="neuronabox validate",
-        description="Run a script all-real and emulated, interleaved, and report the iteration-time error.",
-    )
-    add_testbed_flags(p)
-    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions of each run (default 3)")
-    p.add_argument("--real-ranks", help="ranks that stay real in the emulated run (whole nodes; default node 0)")
-    p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
-    p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
-    p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
-    p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
-    p.add_argument("--csv", default="validate.csv", help="where the per-run results go (default validate.csv)")
-    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds one run may take")
-    ns, rest = p.parse_known_args(ours)
+def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
+    """The job `neuronabox validate` runs, from its own flags (`ns`), the torchrun flags it
+    passes through (`rest`) and the script; UsageError names what is wrong."""
     if ns.repeat < 1:
         raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
     if ns.cpu_share is not None and ns.cpu_share <= 0:
@@ -136,7 +111,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, Job]:
             topology.load(ns.topology)
         except topology.TopologyError as exc:
             raise UsageError(f"--topology: {exc}") from None
-    return ns, Job(nnodes, nproc, real_nodes, passthrough, targs.script)
+    return Job(nnodes, nproc, real_nodes, passthrough, targs.script)
 
 
 # ---------------------------------------------------------------------------------
@@ -157,7 +132,7 @@ class Runner:
         """A fresh store port per run: TIME_WAIT sockets keep the last one a while. In the
         testbed's own namespaces every port is free; on loopback ask the kernel."""
         if self.loopback:
-            from neuronabox.launcher.run import free_port
+            from neuronabox.launcher.ports import free_port
 
             return free_port("127.0.0.1")
         self.port += 1
@@ -324,73 +299,3 @@ def write_csv(path: Path, job: Job, ns: argparse.Namespace, cmp: Comparison, res
 
 def _opt(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
-
-
-def validate_main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help") and "--" not in argv:
-        argv = [*argv, "--", "x"]  # argparse prints the help and exits before the script matters
-    try:
-        ns, job = parse_args(argv)
-        rate = testbed_rate(ns)
-        if ns.testbed == "netns":
-            check_netns_possible()
-    except (UsageError, TestbedError) as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2
-    if not Path(ns.csv).resolve().parent.is_dir():
-        print(f"neuronabox: error: --csv: no folder {str(Path(ns.csv).parent)!r} to write into", file=sys.stderr)
-        return 2
-    folder = Path(tempfile.mkdtemp(prefix="neuronabox-validate-"))
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C cleans up, even if our parent ignored it
-    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    runner = Runner(job, folder, ns.timeout, loopback=ns.testbed == "loopback")
-    testbed = None
-    try:
-        if ns.testbed == "loopback":
-            testbed = Loopback(job.nnodes, job.nproc, job.real_nodes)
-        topology = ns.topology
-        if topology is None:
-            print(f"calibrating the {ns.testbed} testbed (give --topology to skip)", flush=True)
-            cal = calibrate(ns.testbed, rate)
-            print(cal.report(), flush=True)
-            topology = str(folder / "calibrated.yaml")
-            write_topology(cal, Path(topology))
-        topology = str(Path(topology).resolve()) if Path(topology).is_file() else topology
-        if ns.testbed == "netns":
-            share = ns.cpu_share or CPU_HEADROOM * len(os.sched_getaffinity(0)) / job.nnodes
-            testbed = Netns(job.nnodes, rate, share)
-        placement = testbed.emulated(job.real_nodes)
-        for rep in range(ns.repeat):
-            # Interleaved, the order flipped every repetition, so a drift of the machine
-            # weighs on both sides alike.
-            order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
-            for mode in order:
-                if mode == "all-real":
-                    res = runner.all_real(testbed.all_real(), rep)
-                else:
-                    res = runner.emulated(placement, topology, ns.delay_model, rep)
-                job.results.append(res)
-                print(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)", flush=True)
-        cmp = Comparison(
-            [r.median_ms for r in job.results if r.mode == "all-real"],
-            [r.median_ms for r in job.results if r.mode == "emulated"],
-        )
-        print(report(job, ns, cmp, job.results))
-        write_csv(Path(ns.csv), job, ns, cmp, job.results)
-        print(f"wrote {ns.csv}")
-        shutil.rmtree(folder, ignore_errors=True)
-        return 0
-    except TestbedUnavailable as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2
-    except TestbedError as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"neuronabox: interrupted (logs in {folder})", file=sys.stderr)
-        return 130
-    finally:
-        runner.stop()
-        if testbed is not None:
-            testbed.close()
-        signal.signal(signal.SIGTERM, old)

@@ -16,58 +16,13 @@ import os
 import shutil
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronabox.launcher.job import Job, job_from_args
 from neuronabox.launcher.reaping import become_subreaper
-from neuronabox.trace.summary import format_summary
-
-
-@dataclass(frozen=True)
-class KindStats:
-    count: int
-    nbytes: int  # summed over the instances
-    mean_s: float  # mean time on the real ranks
-    model_mean_s: float  # mean time the delay model gave
-    boundary_messages: int
-
-
-@dataclass(frozen=True)
-class RunResult:
-    world_size: int
-    real_ranks: list[int]
-    steps: int  # optimizer steps the observer saw on the lowest real rank
-    iteration_s: float  # their median interval (0 when none were seen)
-    kinds: dict[str, KindStats]
-    boundary_messages: int
-    controller_cpu_s: float
-    trace_path: Path
-    summary: str = field(repr=False)  # what the command line prints
-
-
-def result_of(reply, header: dict, footer: dict, trace_path: str) -> RunResult:
-    """A finished run's result from the controller's final status and the trace's ends."""
-    kinds = {
-        k.kind: KindStats(
-            k.count,
-            k.bytes,
-            k.seconds / k.count if k.count else 0.0,
-            k.predicted_s / k.count if k.count else 0.0,
-            k.boundary_messages,
-        )
-        for k in reply.kinds
-    }
-    return RunResult(
-        world_size=reply.world_size,
-        real_ranks=list(reply.real_ranks),
-        steps=reply.steps,
-        iteration_s=reply.iteration_s,
-        kinds=kinds,
-        boundary_messages=reply.boundary_messages,
-        controller_cpu_s=reply.cpu_s,
-        trace_path=Path(trace_path),
-        summary=format_summary(reply, header, footer),
-    )
+from neuronabox.launcher.result import KindStats, RunResult
+from neuronabox.launcher.run import Run
+from neuronabox.launcher.torchrun_args import parse
 
 
 def options_to_argv(options: dict[str, object]) -> list[str]:
@@ -99,17 +54,32 @@ def launch(
     result. `output`: a file for the real ranks' stdout and stderr (default: this
     process's). Without `trace=PATH` the trace is kept as trace.jsonl in the run's folder
     (the rest of the folder is removed when the run succeeds)."""
+    return run_job(job_of(script, *args, nnodes=nnodes, nproc_per_node=nproc_per_node, output=output, **options))
+
+
+def job_of(
+    script: str | os.PathLike,
+    *args: str,
+    nnodes: int = 1,
+    nproc_per_node: int = 1,
+    output: str | os.PathLike | None = None,
+    **options: object,
+) -> Job:
+    """The Job `launch` runs: the options become the command line's flags, and the Job is
+    built from them by the command line's own `job_from_args` (PET_* variables aside)."""
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", *options_to_argv(options)]
-    return run_argv([*argv, "--", str(script), *map(str, args)], output)
+    return job_from_args(parse([*argv, "--", str(script), *map(str, args)], environ={}), output=output)
 
 
 def run_argv(argv: list[str], output: str | os.PathLike | None = None) -> RunResult:
     """`launch` for a `neuronabox torchrun` command line (flags, then the script)."""
-    from neuronabox.launcher.run import Run
-    from neuronabox.launcher.torchrun_args import parse
+    return run_job(job_from_args(parse(argv, environ={}), output=output))
 
-    run = Run(parse(argv, environ={}))
-    run.output = Path(output) if output is not None else None
+
+def run_job(job: Job) -> RunResult:
+    """Run a Job in this process and return its result; everything it started is stopped
+    on the way out, and on success only the trace is left of the run's folder."""
+    run = Run(job)
     become_subreaper()
     ok = False
     try:

@@ -1,4 +1,5 @@
-"""Split a `neuronabox torchrun` command line into torchrun's flags, ours, and the script."""
+"""Split a `neuronabox torchrun` command line into torchrun's flags, ours, and the script
+(the command's help is its parser in cli/torchrun.py)."""
 
 from __future__ import annotations
 
@@ -56,37 +57,6 @@ PET_SWITCHES = {"PET_MODULE": "--module", "PET_NO_PYTHON": "--no-python", "PET_R
 PET_IGNORED = {"PET_NODE_RANK", "PET_STANDALONE"}  # the launcher sets each node's rank; standalone is refused
 PET_VARS = {*PET_FLAGS, *PET_SWITCHES, *PET_IGNORED}
 _CANONICAL = {"-m": "--module", "--no_python": "--no-python", "--run_path": "--run-path"}
-
-HELP = """usage: neuronabox torchrun [torchrun flags] [neuronabox flags] script.py [script args]
-       neuronabox torchrun [flags] -m module [args]  |  --no-python program [args]
-
-Runs script.py on stock torchrun for the real nodes and emulates every other rank of
-the world (--nnodes x --nproc-per-node).
-
-neuronabox flags:
-  --real-nodes N[,N..]        the nodes that really run (default 0); or --real-ranks R[,R..]
-  --topology NAME|FILE        the emulated cluster (default cpu-25gbe; see `neuronabox topology show`)
-  --delay-model NAME          how the network is timed (default alpha-beta)
-  --boundary modeled|real     modeled: the controller adds the boundary hop's cost; real: the link
-                              to the real rank is itself a cluster link (a testbed)
-  --inject SPEC               a what-if modifier, e.g. latency=+2ms or bandwidth=x0.5 (repeatable)
-  --gloo-mode auto|full|lazy  Gloo's connection mode (auto: lazy above 64 ranks)
-  --data zeros|mirror         what the emulated ranks send (mirror needs the observer)
-  --no-observer               run without the observer in the real ranks
-  --trace FILE                write the run's trace to FILE (JSON lines, streamed as the run goes)
-  --timeout SECONDS           a real rank without progress this long ends the run, naming where it is
-                              stuck (default 1800, the process group's default)
-  --placement FILE            where real nodes and the controller run (written by validate)
-  --gloo-host ADDR            the address the emulated ranks listen on (default 127.0.0.2)
-  --backend gloo|nccl         the collective library the script's process group uses (default gloo)
-  --nccl-algo ring|tree       NCCL's algorithm, pinned in the real ranks (default ring)
-  --nccl-channels K           NCCL's channel count, pinned (default 1)
-  --nccl-route socket|plugin  NCCL's transport to the controller: its Socket net or our net plugin
-
-torchrun flags (--nnodes, --nproc-per-node, --master-addr, --master-port, --rdzv-endpoint
-with the static backend, --max-restarts, --log-dir, -m, --no-python, ...) are torchrun's own,
-also read from PET_* variables; see `python -m torch.distributed.run --help`. The launcher
-sets --node-rank for each real node; --standalone and other rendezvous backends are refused."""
 
 
 class UsageError(NeuronaBoxError, ValueError):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,37 +383,6 @@ def load_trace(path: str) -> dict:
         raise SimulateError(f"{path}: {exc.strerror}") from None
     except tracefile.TraceError as exc:
         raise SimulateError(str(exc)) from None
-
-
-def simulate_main(argv: list[str]) -> int:
-    from neuronabox.cli import ArgParser
-
-    p = ArgParser(prog="neuronabox simulate", description="Replay a recorded run's real rank at any world size.")
-    p.add_argument("trace", help="a trace written by --trace")
-    p.add_argument("--nnodes", type=int)
-    p.add_argument("--nproc-per-node", type=int)
-    p.add_argument("--topology")
-    p.add_argument("--delay-model")
-    p.add_argument("--inject", action="append", default=None)
-    p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
-    p.add_argument(
-        "--punctual",
-        action="store_true",
-        help="charge the real rank no software cost per collective: the network's times alone",
-    )
-    ns = p.parse_args(argv)
-    try:
-        doc = load_trace(ns.trace)
-        _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
-                                    ns.inject, ns.out, ns.punctual)  # fmt: skip
-    except SimulateError as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 1
-    print(text)
-    return 0
 
 
 def report(

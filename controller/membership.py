@@ -1,0 +1,213 @@
+"""Membership and dialing: the process groups the controller stands in for, and which
+pairs it opens between their real and emulated members, and when.
+
+The default group's emulated records go to the store at the rendezvous, a later
+group's when a real rank's observer reports it. Each real member's own record, once
+in the store, says where its pairs are: the controller dials those it must and
+expects the ones the real rank dials (GLOO_WIRE.md). Store work runs in threads of
+its own and never touches a pair: pairs open in the loop (`call_soon`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+
+from neuronabox.errors import NeuronaBoxError
+from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks
+
+from .config import ControllerConfig
+from .dialects.gloo.driver import GlooDriver
+from .dialects.gloo.protocol import GlooPair
+from .dialects.gloo.wire import Address, RankRecord, UnsupportedRecord, dialer_is_local
+from .engine import Engine
+from .groups import Conn, Group
+from .lifecycle import StoreLost
+from .outcomes import ProtocolError
+from .rendezvous import EmulatedAgents, emulated_records, group_key, open_store, publish_records, store_client
+from .watchdog import Watchdog
+
+LAZY_DIAL_ALL = 256  # lazy mode: in groups this small the controller dials every emulated peer up front
+
+
+def lazy_peers(group: Group, r: int) -> set[int]:
+    """Peers a real rank reaches, dialed up front in lazy mode: every peer in a group
+    of up to LAZY_DIAL_ALL ranks; in larger ones those of the rings, trees and
+    dissemination rounds (gather, scatter, alltoall and point-to-point traffic with
+    other peers need a smaller group there)."""
+    w = group.world
+    if w <= LAZY_DIAL_ALL:
+        return {p for p in range(w) if p not in group.real}
+    peers = {(r + 1) % w, (r - 1) % w}
+    barrier = DisseminationBarrier(w)
+    peers |= {m.peer for m in barrier.sends(r) + barrier.recvs(r)}
+    for root in set(group.real.sorted) | {0}:
+        b = BinomialBroadcast(w, root, 0)
+        peers |= {m.peer for m in b.sends(r) + b.recvs(r)}
+    return {p for p in peers if p not in group.real and p != r}
+
+
+def store_wait(store, key: str) -> bool:
+    """Block until `key` is in the store (True) or ten seconds have passed (False)."""
+    import torch.distributed as dist
+
+    try:
+        store.wait([key], timedelta(seconds=10))
+        return True
+    except getattr(dist, "DistStoreError", RuntimeError):
+        return False
+
+
+class Membership:
+    """The groups and their pairs. `on_joined`: the emulated agents joined the run (store
+    thread); `on_error`: a store thread's error, which ends the run; `after_store_open`:
+    the store is open (start-up's imports are done)."""
+
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        driver: GlooDriver,
+        engine: Engine,
+        watchdog: Watchdog,
+        clock: Callable[[], float],
+        log: Callable[[str], None],
+        on_joined: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+        after_store_open: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.driver = driver
+        self.engine = engine
+        self.watchdog = watchdog
+        self.clock = clock
+        self.log = log
+        self._on_joined = on_joined
+        self._on_error = on_error
+        self._after_store_open = after_store_open
+        world = cfg.world_size
+        self.default = Group("0", world, RealRanks(cfg.real_ranks, world))
+        self.groups: dict[str, Group] = {"0": self.default}
+        self._seq_base: dict[str, int] = {"0": 0}  # each group's block of the pair ids its emulated records publish
+        self._next_seq = world**2
+        self.conns: dict[tuple[str, int, int], Conn] = {}
+        self.store = None
+
+    # -- pairs ------------------------------------------------------------------------------
+    def open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
+        """The pair between real rank `real` and emulated rank `emu` of `group`, if it is open."""
+        conn = self.conns.get((group.name, real, emu))
+        return conn if conn is not None and conn in self.driver.socks else None
+
+    def may_dial_in(self, seq: int) -> bool:
+        """Is `seq` a pair id an emulated record published to a real rank whose own record
+        the controller has not read yet? Such a dialer waits for `connect_real_rank`, which
+        expects the pairs real ranks dial (full-mesh mode only; the rest are refused)."""
+        if self.cfg.lazy:
+            return False
+        for name, base in list(self._seq_base.items()):
+            group = self.groups.get(name)
+            if group is not None and base <= seq < base + group.world**2:
+                e, r = divmod(seq - base, group.world)
+                return r in group.real and e not in group.real and (name, r, e) not in self.conns
+        return False
+
+    def connect_real_rank(self, group: Group, r: int, rec: RankRecord) -> None:
+        """Runs in the loop: open (or await) the pair between real rank r and every emulated peer."""
+        if rec.lazy != self.cfg.lazy:
+            raise UnsupportedRecord(
+                f"real rank {r} uses Gloo's {'lazy' if rec.lazy else 'full-mesh'} connection mode, "
+                f"the controller was configured for the other one"
+            )
+        self.watchdog.watch(group.global_rank(r), self.clock())
+        host, port = self.driver.address
+        peers = lazy_peers(group, r) if self.cfg.lazy else [e for e in range(group.world) if e not in group.real]
+        for e in sorted(peers):
+            conn = Conn(group, r, e, GlooPair())
+            self.conns[(group.name, r, e)] = conn
+            if self.cfg.lazy:
+                ours, theirs = Address(host, port, r), Address(rec.address.host, rec.address.port, e)
+            else:
+                ours = Address(host, port, self._seq_base[group.name] + e * group.world + r)  # its record's pair id
+                theirs = Address(rec.address.host, rec.address.port, rec.pair_ids[e])
+            if dialer_is_local(ours, theirs):
+                self.driver.dial(conn, theirs.host, theirs.port, theirs.seq)
+            elif not self.cfg.lazy:  # the real rank dials in, writing our pair id for it
+                self.driver.expect(ours.seq, conn)
+            elif self.cfg.lazy:
+                raise ConnectionError(
+                    f"real rank {r} listens on {theirs.host}, which compares above the controller's "
+                    f"{host}: in lazy mode the controller must dial; use --gloo-host with a larger address"
+                )
+
+    # -- what the observers report (loop thread) ------------------------------------------
+    def on_group(self, name: str, ranks: list[int]) -> None:
+        """A real rank's observer reports a group it joins: stand in for its emulated
+        members. Groups with no real member never reach the controller."""
+        if name in self.groups:
+            return
+        real = set(self.cfg.real_ranks)
+        mine = [g for g, x in enumerate(ranks) if x in real]
+        if not mine:
+            return
+        group = self.groups[name] = Group(name, len(ranks), RealRanks(mine, len(ranks)), tuple(ranks))
+        self._seq_base[name], self._next_seq = self._next_seq, self._next_seq + group.world**2  # unique per listener
+        self.log(f"group {name!r}: {len(ranks)} ranks, real members {[ranks[g] for g in mine]}")
+        threading.Thread(target=self._setup_group, args=(group,), name=f"group-{name}", daemon=True).start()
+
+    def on_anysource(self, rank: int, name: str, tag: int, nbytes: int) -> None:
+        """Real rank `rank` posted a receive from any source in group `name`."""
+        group = self.groups.get(name)
+        if group is None:
+            raise ProtocolError(f"real rank {rank} receives from any source in group {name!r}, which it never joined")
+        r = group.ranks.index(rank) if group.ranks else rank
+        self.engine.p2p.answer_any_source(group, r, tag, nbytes)
+
+    # -- store threads ------------------------------------------------------------------------
+    def rendezvous(self) -> None:
+        """The run's start (a thread of its own): open the store, publish the default group's
+        emulated records, do what the emulated nodes' agents do, then read the real ranks' records."""
+        try:
+            # Kept for the whole run: when node 0 is emulated this object is the run's
+            # TCPStore server, which the real agents use up to their exit barrier.
+            self.store = store = open_store(self.cfg)
+            self.log("store open")
+            self._after_store_open()
+            agents = EmulatedAgents(self.cfg, store)
+            records = emulated_records(self.cfg, self.driver.address, self.default)
+            publish_records(store, records, key=lambda e: group_key("0", e))
+            self.log("emulated rank records published")
+            agents.join()
+            agents.assign_ranks_if_node0_emulated()
+            self.log("emulated agents joined")
+            self._on_joined()
+            self._await_records(store, self.default)
+        except BaseException as exc:  # noqa: BLE001
+            self._on_error(self._store_lost(exc))
+
+    def _setup_group(self, group: Group) -> None:
+        try:
+            store = store_client(self.cfg)
+            records = emulated_records(self.cfg, self.driver.address, group, seq_base=self._seq_base[group.name])
+            publish_records(store, records, key=lambda g: group_key(group.name, g))
+            self._await_records(store, group)
+        except BaseException as exc:  # noqa: BLE001
+            self._on_error(self._store_lost(exc))
+
+    def _await_records(self, store, group: Group) -> None:
+        """Wait for each real member's record and open its pairs in the loop."""
+        for g in group.real.sorted:
+            key = group_key(group.name, g)
+            while not store_wait(store, key):  # wakes now and then to see whether the run still goes
+                if not self.driver.running:
+                    return
+            rec = RankRecord.decode(store.get(key), group.world)
+            self.log(f"real rank {group.global_rank(g)} published its record for group {group.name!r}")
+            self.driver.call_soon(lambda g=g, rec=rec: self.connect_real_rank(group, g, rec))
+
+    def _store_lost(self, exc: BaseException) -> BaseException:
+        """When a real node's agent hosts the store, the store failing means that node's
+        torchrun is gone: the launcher names the node's own exit rather than this."""
+        if 0 in self.cfg.real_nodes and not isinstance(exc, (ProtocolError, UnsupportedRecord, NeuronaBoxError)):
+            return StoreLost(f"the run's store (real node 0's torchrun agent) went away: {exc}")
+        return exc

@@ -1,0 +1,128 @@
+"""The observer link as the controller uses it: the real ranks' observer connections
+(controller/observers.py), the questions the engine asks them about an instance the
+wire says too little of, and where their answers and reports go.
+
+A question is kept until its answer comes; when a rank's observer goes away its open
+questions are answered "unknown", so the instances waiting on them fall back to the
+wire (and a mirrored input to zeros) instead of waiting for ever.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .dialects.gloo.wire import split_slot
+from .engine import Engine
+from .mirror import DTYPES, MirrorInput
+from .observers import ObserverHub
+
+ELEM_SIZES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Short": 2,
+    "Int": 4,
+    "Long": 8,
+    "Bool": 1,
+}
+
+
+class Question(NamedTuple):
+    """An open question to real rank `real`'s observer about instance (group, slot)."""
+
+    group: str
+    slot: int
+    real: int
+    is_input: bool  # the instance's input (--data mirror), not its element count and dtype
+
+
+class ObserverLink:
+    """`on_group`, `on_anysource`, `on_step`, `on_dtypes`: where the observers' reports go
+    (ObserverHub's hooks of those names); `register`, `unregister`, `call_at`: the loop's."""
+
+    def __init__(
+        self,
+        host: str,
+        engine: Engine,
+        register: Callable[[object, Callable[[int], None]], None],
+        unregister: Callable[[object], None],
+        call_at: Callable[[float, Callable[[], None]], None],
+        log: Callable[[str], None],
+        on_group: Callable[[str, list[int]], None],
+        on_anysource: Callable[[int, str, int, int], None],
+        on_step: Callable[[int, float], None],
+        on_dtypes: Callable[[list[list]], None],
+    ) -> None:
+        self.engine = engine
+        self.secret = secrets.token_hex(32)  # an observer's hello carries it (the ready file has it)
+        self.hub = ObserverHub(host, register, unregister, self.secret, call_at=call_at, log=log)
+        self.address = self.hub.address
+        self.hub.on_reply = self._on_reply
+        self.hub.on_lost = self._on_lost
+        self.hub.on_group = on_group
+        self.hub.on_anysource = on_anysource
+        self.hub.on_step = on_step
+        self.hub.on_dtypes = on_dtypes
+        self._questions: dict[int, Question] = {}
+        self._qid = 0
+
+    # -- the engine's questions ------------------------------------------------------------
+    def request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+        """Ask for the instance's element count and dtype (the engine's `request_meta`)."""
+        return self._ask(Question(group, slot, real, False), {"kind": kind})
+
+    def request_input(self, group: str, slot: int, real: int) -> bool:
+        """Ask for the instance's input (the engine's `request_input`)."""
+        inst = self.engine.instances.get((group, slot))  # the input is at most the instance's bytes
+        return self._ask(Question(group, slot, real, True), {"input": 1}, inst.nbytes if inst is not None else 0)
+
+    def _ask(self, question: Question, what: dict, reply_bytes: int = 0) -> bool:
+        tag = split_slot(question.slot)[1]
+        query = {"q": self._qid + 1, "pg": question.group, "tag": tag, **what}
+        if not self.hub.ask(question.real, query, reply_bytes):
+            return False
+        self._qid += 1
+        self._questions[self._qid] = question
+        return True
+
+    # -- their answers ---------------------------------------------------------------------
+    def _on_reply(self, msg: dict) -> None:
+        question = self._questions.pop(msg["q"], None)
+        if question is None:
+            return
+        group, slot = question.group, question.slot
+        if "root" in msg:
+            self.engine.on_root(group, slot, msg["root"])
+            return
+        if question.is_input:
+            data = msg.get("data")
+            mirror = None
+            if data is not None and msg.get("dtype") in DTYPES:
+                mirror = MirrorInput(base64.b64decode(data), msg["dtype"], msg.get("op", "SUM"), msg.get("splits"))
+            self.engine.on_input(group, slot, mirror)
+            return
+        numel, dtype = msg.get("numel"), msg.get("dtype")
+        if numel is None or dtype not in ELEM_SIZES:
+            self.engine.on_meta(group, slot, None)
+        else:
+            self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype)
+
+    def _on_lost(self, rank: int) -> None:
+        """A real rank's observer went away: its open questions fall back to the wire
+        (inputs to zeros)."""
+        for q, question in list(self._questions.items()):
+            if question.real == rank:
+                del self._questions[q]
+                if question.is_input:
+                    self.engine.on_input(question.group, question.slot, None)
+                else:
+                    self.engine.on_meta(question.group, question.slot, None)
+
+    def close(self) -> None:
+        self.hub.close()

@@ -1,0 +1,102 @@
+"""What the run leaves: its per-kind totals (which the status reads) and its trace on
+disk (docs/trace.md), written as each instance, step and dtype report comes, so
+nothing of a long run is held. A finished instance and an optimizer step are also
+the watchdog's evidence that a real rank moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from neuronabox.topology import Topology
+
+from neuronabox import topology
+from neuronabox.trace.records import RunTotals, TraceWriter
+
+from .config import ControllerConfig
+from .groups import Group
+from .outcomes import InstanceRecord
+from .release import ReleaseTiming
+from .watchdog import Watchdog
+
+
+class RunRecorder:
+    """`group_of`: a group by name (None once unknown); `open_entries`: the engine's, which
+    tells the trace which compute gaps are final; `clock`/`epoch`: monotonic and epoch
+    time, read once together so the trace's times map to epoch time."""
+
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        topo: Topology,
+        timing: ReleaseTiming,
+        watchdog: Watchdog,
+        group_of: Callable[[str], Group | None],
+        open_entries: Callable[[], dict[int, float]],
+        clock: Callable[[], float],
+        epoch: Callable[[], float],
+    ) -> None:
+        self.cfg = cfg
+        self.topology = topo
+        self.timing = timing
+        self.watchdog = watchdog
+        self.group_of = group_of
+        self.open_entries = open_entries
+        self.clock = clock
+        self.totals = RunTotals()
+        # One reading of both clocks: the trace's monotonic times map to epoch time through it.
+        self.clock_anchor = {"monotonic": clock(), "epoch": epoch()}
+        offset = self.clock_anchor["epoch"] - self.clock_anchor["monotonic"]  # the trace's clock is epoch
+        self.trace = TraceWriter(cfg.trace_file, self._header(), offset) if cfg.trace_file else None
+
+    def on_record(self, rec: InstanceRecord) -> None:
+        """A finished instance: into the totals and the trace on disk, and then forgotten."""
+        self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        group = self.group_of(rec.group)
+        if group is not None:
+            done = f"{rec.kind} #{rec.tag} of group {rec.group!r}"
+            for r, (_, end) in rec.per_rank.items():
+                self.watchdog.touch(group.global_rank(int(r)), end, done)
+        if self.trace is not None:
+            self.trace.instance(rec, self.open_entries())
+
+    def on_step(self, rank: int, t: float) -> None:
+        """Real rank `rank`'s optimizer stepped at `t` (its observer's report)."""
+        self.totals.step(rank, t)
+        self.watchdog.touch(rank, self.clock())
+        if self.trace is not None:
+            self.trace.step(rank, t)
+
+    def on_dtypes(self, dtypes: list[list]) -> None:
+        """[[group, tag, dtype], ...] of the collectives the real ranks issued."""
+        if self.trace is not None:
+            self.trace.dtypes(dtypes)
+
+    def close(self, state: str, error: str) -> None:
+        """The run ended: the trace's footer says how."""
+        if self.trace is not None:
+            self.trace.close(self._footer(state, error))
+
+    def _header(self) -> dict:
+        cfg = self.cfg
+        return {
+            "world_size": cfg.world_size,
+            "nnodes": cfg.nnodes,
+            "nproc_per_node": cfg.nproc_per_node,
+            "real_ranks": cfg.real_ranks,
+            "delay_model": cfg.delay_model,
+            "topology": self.topology.name,
+            "topology_spec": topology.as_spec(self.topology),
+            "boundary": cfg.boundary,
+            "inject": self.timing.whatif.specs(),
+            "data": cfg.data,
+            "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
+        }
+
+    def _footer(self, state: str, error: str) -> dict:
+        return {
+            "state": state,
+            "error": error,
+            "inject": self.timing.whatif.specs(),  # what-if may change during the run
+            "release": self.timing.lateness_summary(),
+        }

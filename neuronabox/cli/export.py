@@ -1,0 +1,96 @@
+"""`neuronabox export`: a run's trace as Chrome JSON, Chakra, an nccl-tests table or a PNG."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from neuronabox.args import ArgParser
+from neuronabox.trace import records as tracefile
+from neuronabox.trace.chrome import chrome
+from neuronabox.trace.nccl_tests import nccl_tests
+from neuronabox.trace.png import png
+
+NAME = "export"
+SUMMARY = "write a trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table or a PNG"
+
+
+def build_parser() -> ArgParser:
+    p = ArgParser(
+        prog="neuronabox export",
+        description="Write a run's trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table or a PNG.",
+    )
+    p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
+    p.add_argument("--format", required=True, choices=["chrome", "chakra", "png", "nccl-tests"])
+    p.add_argument("--out", help="output file (default: TRACE with .json, .png or .txt); chakra: a folder")
+    p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")
+    p.add_argument("--window", help="png: FROM,TO in ms from the first event")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        doc = tracefile.load(ns.trace)
+    except OSError as exc:
+        print(f"neuronabox: error: {ns.trace}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except tracefile.TraceError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    if ns.format == "chakra":
+        return _chakra(doc, Path(ns.out) if ns.out else Path(ns.trace).with_name(Path(ns.trace).stem + "-chakra"))
+    suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt"}[ns.format]
+    if ns.format == "nccl-tests" and ns.out is None:
+        sys.stdout.write(nccl_tests(doc))
+        return 0
+    out = Path(ns.out or Path(ns.trace).with_suffix(suffix))
+    if ns.format == "nccl-tests":
+        out.write_text(nccl_tests(doc))
+    elif ns.format == "chrome":
+        out.write_text(json.dumps(chrome(doc, ns.sample_emulated)))
+    else:
+        window = None
+        if ns.window:
+            try:
+                lo, hi = (float(x) for x in ns.window.split(","))
+            except ValueError:
+                print(f"neuronabox: error: --window takes FROM,TO in ms, got {ns.window!r}", file=sys.stderr)
+                return 2
+            window = (lo, hi)
+        try:
+            png(doc, out, window)
+        except ValueError as exc:
+            print(f"neuronabox: error: {exc}", file=sys.stderr)
+            return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def _chakra(doc: dict, out: Path) -> int:
+    from neuronabox.sim.simulate import program_of
+    from neuronabox.trace import chakra
+
+    if out.exists() and not out.is_dir():
+        print(f"neuronabox: error: --out {out} is a file; chakra writes a folder", file=sys.stderr)
+        return 2
+    prog = program_of(doc)
+    for op in prog.ops:  # one SPMD program on the default group: a subgroup differs from rank to rank
+        if op.group != "0":
+            prog.skipped[f"{op.kind} (group {op.group})"] = prog.skipped.get(f"{op.kind} (group {op.group})", 0) + 1
+    prog.ops = [op for op in prog.ops if op.group == "0"]
+    if not prog.ops:
+        print("neuronabox: error: the trace has no default-group collective of its lowest real rank", file=sys.stderr)
+        return 1
+    try:
+        files = chakra.write(prog, out)
+    except OSError as exc:
+        print(f"neuronabox: error: {out}: {exc.strerror}", file=sys.stderr)
+        return 2
+    skipped = ", ".join(f"{n} {k}" for k, n in sorted(prog.skipped.items()))
+    print(f"wrote {len(files) - 1} .et files ({len(prog.ops)} collectives each) and {files[-1]}")
+    if skipped:
+        print(f"not in the program (subgroups and kinds the replay skips): {skipped}")
+    print(f"ASTRA-sim: --workload-configuration={out / 'trace'} --comm-group-configuration={files[-1]}")
+    return 0

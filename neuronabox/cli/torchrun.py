@@ -1,0 +1,138 @@
+"""`neuronabox torchrun`: run a script as torchrun would, the real nodes on stock torchrun
+and every other rank of the world emulated; print the run's summary.
+
+The command line is split by `launcher.torchrun_args` (torchrun's flags pass through,
+which argparse cannot do); `build_parser` describes every flag for the help. Exit status:
+0 the job finished, 1 the job or the emulation failed, 2 bad usage, 130 interrupted
+(SIGINT), 143 terminated (SIGTERM)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+
+from neuronabox.args import ArgParser
+from neuronabox.launcher.job import job_from_args
+from neuronabox.launcher.reaping import become_subreaper
+from neuronabox.launcher.run import LaunchError, Run
+from neuronabox.launcher.torchrun_args import UsageError, parse
+
+NAME = "torchrun"
+SUMMARY = "run a script in an emulated world, as torchrun would, with a few real ranks"
+
+USAGE = """neuronabox torchrun [torchrun flags] [neuronabox flags] script.py [script args]
+       neuronabox torchrun [flags] -m module [args]  |  --no-python program [args]"""
+
+
+def build_parser() -> ArgParser:
+    """Every flag of the command, for its help. (The command line itself is read by
+    `torchrun_args.parse`: torchrun's flags not named here pass through to torchrun.)"""
+    p = ArgParser(
+        prog="neuronabox torchrun",
+        usage=USAGE,
+        description="Runs script.py on stock torchrun for the real nodes and emulates every other rank of\n"
+        "the world (--nnodes x --nproc-per-node).",
+        epilog="Other torchrun flags (--max-restarts, --log-dir, ...) are passed to torchrun; see\n"
+        "`python -m torch.distributed.run --help`. torchrun's flags are also read from PET_* variables.\n"
+        "The launcher sets --node-rank for each real node; --standalone and other rendezvous backends\n"
+        "are refused.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("script", metavar="script.py", help="the script (-m: a module, --no-python: a program)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="script args", help="the script's own arguments")
+    ours = p.add_argument_group("neuronabox flags")
+    flag = ours.add_argument
+    flag("--real-nodes", metavar="N[,N..]", help="the nodes that really run (default 0)")
+    flag("--real-ranks", metavar="R[,R..]", help="the ranks that really run, instead of --real-nodes")
+    flag("--topology", metavar="NAME|FILE", help="the emulated cluster (default cpu-25gbe; `neuronabox topology show`)")
+    flag("--delay-model", metavar="NAME", help="how the network is timed (default alpha-beta)")
+    flag(
+        "--boundary",
+        metavar="modeled|real",
+        help="modeled: the controller adds the boundary hop's cost; real: the link to the real rank is "
+        "itself a cluster link (a testbed)",
+    )
+    flag("--inject", metavar="SPEC", help="a what-if modifier, e.g. latency=+2ms or bandwidth=x0.5 (repeatable)")
+    flag("--gloo-mode", metavar="auto|full|lazy", help="Gloo's connection mode (auto: lazy above 64 ranks)")
+    flag("--data", metavar="zeros|mirror", help="what the emulated ranks send (mirror needs the observer)")
+    flag("--no-observer", action="store_true", help="run without the observer in the real ranks")
+    flag("--trace", metavar="FILE", help="write the run's trace to FILE (JSON lines, streamed as the run goes)")
+    flag(
+        "--timeout",
+        metavar="SECONDS",
+        help="a real rank without progress this long ends the run, naming where it is stuck "
+        "(default 1800, the process group's default)",
+    )
+    flag("--placement", metavar="FILE", help="where real nodes and the controller run (written by validate)")
+    flag("--gloo-host", metavar="ADDR", help="the address the emulated ranks listen on (default 127.0.0.2)")
+    flag(
+        "--backend",
+        metavar="gloo|nccl",
+        help="the collective library the script's process group uses (default gloo)",
+    )
+    flag("--nccl-algo", metavar="ring|tree", help="NCCL's algorithm, pinned in the real ranks (default ring)")
+    flag("--nccl-channels", metavar="K", help="NCCL's channel count, pinned (default 1)")
+    flag(
+        "--nccl-route", metavar="socket|plugin", help="NCCL's transport to the controller: its Socket net or our plugin"
+    )
+    torchrun = p.add_argument_group("torchrun flags (torchrun's own; also read from PET_* variables)")
+    flag = torchrun.add_argument
+    flag("--nnodes", metavar="N", help="the emulated world's nodes (default 1)")
+    flag("--nproc-per-node", metavar="P", help="ranks per node (default 1)")
+    flag("--master-addr", metavar="ADDR", help="the store's address (default 127.0.0.1)")
+    flag("--master-port", metavar="PORT", help="the store's port (default: a free one)")
+    flag("--rdzv-endpoint", metavar="HOST:PORT", help="the store, for the static rendezvous (over --master-*)")
+    flag("--rdzv-backend", metavar="static", help="only the static rendezvous can be emulated")
+    flag("--rdzv-id", metavar="ID", help="the run's id (default nbx<launcher pid>)")
+    flag("-m", "--module", action="store_true", help="run the script as a module (python -m)")
+    flag("--no-python", action="store_true", help="run the script as a program, not with python")
+    return p
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the launcher: stop the run, exit 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupt(signum: int, _frame) -> None:
+    raise Interrupted(signum)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse(argv)
+        if args.help:
+            build_parser().print_help()
+            return 0
+        job = job_from_args(args)
+    except UsageError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    run = Run(job)
+    become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        result = run.execute()
+        print(result.summary, flush=True)
+        shutil.rmtree(run.dir, ignore_errors=True)  # kept on failure: controller.log is there
+        return 0
+    except UsageError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        print(f"neuronabox: the run's logs are in {run.dir}", file=sys.stderr)
+        return 1
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); stopping the run", file=sys.stderr)
+        return 128 + signum
+    finally:
+        run.cleanup()
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,120 @@
+"""`neuronabox validate`: the same script all-real and emulated, interleaved, compared."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from neuronabox.args import ArgParser
+from neuronabox.cli.calibrate import add_testbed_flags
+from neuronabox.fidelity.calibrate import calibrate, testbed_rate, write_topology
+from neuronabox.fidelity.testbed import Loopback, Netns, TestbedError, TestbedUnavailable, check_netns_possible
+from neuronabox.fidelity.validate import CPU_HEADROOM, RUN_TIMEOUT_S, Comparison, Job, Runner, job_of, report, write_csv
+from neuronabox.launcher.torchrun_args import UsageError
+
+NAME = "validate"
+SUMMARY = "run a script all-real and emulated, interleaved, and report the iteration-time error"
+
+
+def build_parser() -> ArgParser:
+    p = ArgParser(
+        prog="neuronabox validate",
+        description="Run a script all-real and emulated, interleaved, and report the iteration-time error.",
+    )
+    add_testbed_flags(p)
+    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions of each run (default 3)")
+    p.add_argument("--real-ranks", help="ranks that stay real in the emulated run (whole nodes; default node 0)")
+    p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
+    p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
+    p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
+    p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
+    p.add_argument("--csv", default="validate.csv", help="where the per-run results go (default validate.csv)")
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds one run may take")
+    return p
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, Job]:
+    """Our flags, then the torchrun flags and the script after --."""
+    if "--" not in argv:
+        raise UsageError("validate needs the script after --")
+    i = argv.index("--")
+    ours, script = argv[:i], argv[i + 1 :]
+    if not script:
+        raise UsageError("no training script given after --")
+    ns, rest = build_parser().parse_known_args(ours)
+    return ns, job_of(ns, rest, script)
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help") and "--" not in argv:
+        argv = [*argv, "--", "x"]  # argparse prints the help and exits before the script matters
+    try:
+        ns, job = parse(argv)
+        rate = testbed_rate(ns)
+        if ns.testbed == "netns":
+            check_netns_possible()
+    except (UsageError, TestbedError) as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    if not Path(ns.csv).resolve().parent.is_dir():
+        print(f"neuronabox: error: --csv: no folder {str(Path(ns.csv).parent)!r} to write into", file=sys.stderr)
+        return 2
+    folder = Path(tempfile.mkdtemp(prefix="neuronabox-validate-"))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C cleans up, even if our parent ignored it
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    runner = Runner(job, folder, ns.timeout, loopback=ns.testbed == "loopback")
+    testbed = None
+    try:
+        if ns.testbed == "loopback":
+            testbed = Loopback(job.nnodes, job.nproc, job.real_nodes)
+        topology = ns.topology
+        if topology is None:
+            print(f"calibrating the {ns.testbed} testbed (give --topology to skip)", flush=True)
+            cal = calibrate(ns.testbed, rate)
+            print(cal.report(), flush=True)
+            topology = str(folder / "calibrated.yaml")
+            write_topology(cal, Path(topology))
+        topology = str(Path(topology).resolve()) if Path(topology).is_file() else topology
+        if ns.testbed == "netns":
+            share = ns.cpu_share or CPU_HEADROOM * len(os.sched_getaffinity(0)) / job.nnodes
+            testbed = Netns(job.nnodes, rate, share)
+        placement = testbed.emulated(job.real_nodes)
+        for rep in range(ns.repeat):
+            # Interleaved, the order flipped every repetition, so a drift of the machine
+            # weighs on both sides alike.
+            order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
+            for mode in order:
+                if mode == "all-real":
+                    res = runner.all_real(testbed.all_real(), rep)
+                else:
+                    res = runner.emulated(placement, topology, ns.delay_model, rep)
+                job.results.append(res)
+                print(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)", flush=True)
+        cmp = Comparison(
+            [r.median_ms for r in job.results if r.mode == "all-real"],
+            [r.median_ms for r in job.results if r.mode == "emulated"],
+        )
+        print(report(job, ns, cmp, job.results))
+        write_csv(Path(ns.csv), job, ns, cmp, job.results)
+        print(f"wrote {ns.csv}")
+        shutil.rmtree(folder, ignore_errors=True)
+        return 0
+    except TestbedUnavailable as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2
+    except TestbedError as exc:
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"neuronabox: interrupted (logs in {folder})", file=sys.stderr)
+        return 130
+    finally:
+        runner.stop()
+        if testbed is not None:
+            testbed.close()
+        signal.signal(signal.SIGTERM, old)

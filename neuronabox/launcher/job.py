@@ -1,0 +1,359 @@
+"""The job: a frozen, validated description of one emulated run (its world, which ranks
+are real, the emulation's settings, the script), built from torchrun-style flags by
+`job_from_args`. The command line (`neuronabox torchrun`) and the Python API
+(`neuronabox.launch`) both build it there, so they describe the same job the same way.
+
+Every refusal of bad input (one line, exit status 2) happens while it is built, before
+anything starts; what runs the job (`run.Run`) reads nothing but the Job."""
+
+from __future__ import annotations
+
+import errno
+import importlib.machinery
+import math
+import os
+import socket
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuronabox import delay_models, topology
+from neuronabox.controller.config import real_ranks_of
+from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
+from neuronabox.controller.dialects.nccl.versions import layout_for
+from neuronabox.delay_models.whatif import WhatIf, WhatIfError
+from neuronabox.fidelity.testbed import Host, Placement
+from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, check_user_env, probe_nccl
+from neuronabox.launcher.ports import free_port
+from neuronabox.launcher.torchrun_args import (
+    LaunchArgs,
+    UsageError,
+    index_list,
+    int_flag,
+    master_endpoint,
+    port_number,
+)
+
+LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
+DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
+# torchrun flags the launcher gives each real node itself, from the Job: not passed through.
+SET_BY_LAUNCHER = (
+    "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--nnodes", "--nproc-per-node",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run, as the launcher starts it. The names the controller's configuration
+    shares (nnodes, nproc_per_node, delay_model, timeout_s, ...) are the same there."""
+
+    # The world: nnodes x nproc_per_node ranks, of which these run for real.
+    nnodes: int
+    nproc_per_node: int
+    real_nodes: tuple[int, ...]  # nodes whose ranks all run for real, each under a stock torchrun
+    direct_ranks: tuple[int, ...]  # real ranks started without an agent (they cover part of a node)
+    # The store (torchrun's static rendezvous), which the controller hosts.
+    master_addr: str
+    master_port: int
+    run_id: str
+    # The emulation.
+    gloo_mode: str  # auto, full or lazy: Gloo's connection mode (see `lazy`)
+    gloo_host: str  # the address the emulated ranks listen on
+    backend: str  # gloo or nccl
+    nccl: NcclPins | None  # what NCCL is pinned to (backend nccl), else None
+    topology: str  # a preset's name or a topology file's absolute path
+    delay_model: str
+    inject: tuple[str, ...]  # what-if modifier specs
+    data: str  # zeros or mirror: what the emulated ranks send
+    boundary: str  # modeled or real: who pays the hop to a real rank
+    timeout_s: float  # the watchdog: a real rank without progress this long ends the run
+    observer: bool  # the observer runs in the real ranks
+    placement: Placement | None  # where real nodes and the controller live (a testbed), else None: here
+    # The script, how torchrun runs it, and where the run's outputs go.
+    script: tuple[str, ...]  # the script (or module, or program) and its arguments
+    torchrun_flags: tuple[tuple[str, str | None], ...]  # torchrun's own flags, passed through to each node
+    trace: str | None  # --trace, an absolute path; None: trace.jsonl in the run's folder
+    output: Path | None = None  # a file for the real ranks' stdout and stderr; None: the launcher's
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def real_ranks(self) -> list[int]:
+        return real_ranks_of(list(self.real_nodes), self.nproc_per_node, list(self.direct_ranks))
+
+    @property
+    def lazy(self) -> bool:
+        """Gloo's lazy connection mode: asked for, or (auto) a world above LAZY_ABOVE ranks."""
+        return self.gloo_mode == "lazy" or (self.gloo_mode == "auto" and self.world_size > LAZY_ABOVE)
+
+    @property
+    def runs_as(self) -> str:
+        """How torchrun starts the script: "program" (--no-python), "module" (-m) or "script"."""
+        return _runs_as(self.torchrun_flags)
+
+    def host_of(self, node: int) -> Host:
+        """Where a real node runs: its testbed host, or here."""
+        return self.placement.nodes[node] if self.placement else Host(f"node{node}", self.master_addr)
+
+
+def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> Job:
+    """The job a `neuronabox torchrun` command line describes, checked: a `UsageError`
+    with the one-line cause for the first thing wrong, in the order the flags are read."""
+    check_script(args)
+    nnodes = int_flag(args, ("--nnodes",), 1)
+    nproc = int_flag(args, ("--nproc-per-node",), 1)
+    world = nnodes * nproc
+    real_nodes, direct_ranks = _real_ranks(args, nnodes, nproc)
+    data = args.ours.get("--data", "zeros")
+    if data not in ("zeros", "mirror"):
+        raise UsageError(f"--data is zeros or mirror, got {data!r}")
+    if data == "mirror" and "--no-observer" in args.switches:
+        raise UsageError("--data mirror needs the observer (it reads the real rank's inputs); drop --no-observer")
+    if args.get("--rdzv-backend") not in (None, "static"):
+        raise UsageError("only the static rendezvous (--master-addr/--master-port) can be emulated")
+    gloo_mode = args.ours.get("--gloo-mode", "auto")
+    if gloo_mode not in ("auto", "full", "lazy"):
+        raise UsageError(f"--gloo-mode is auto, full or lazy, got {gloo_mode!r}")
+    master_addr, master_port = _store(args)
+    topo = _topology(args.ours.get("--topology", "cpu-25gbe"), nnodes, nproc)
+    delay_model = args.ours.get("--delay-model", "alpha-beta")
+    if delay_model not in delay_models.available():
+        known = ", ".join(delay_models.available())
+        raise UsageError(f"--delay-model: unknown model {delay_model!r} (available: {known})")
+    timeout_s = _timeout(args.ours.get("--timeout"))
+    boundary = args.ours.get("--boundary", "modeled")
+    if boundary not in ("modeled", "real"):
+        raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
+    inject = tuple(args.repeated.get("--inject", []))
+    _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks))
+    placement = _placement(args.ours.get("--placement"), set(real_nodes) | {r // nproc for r in direct_ranks})
+    backend = args.ours.get("--backend", "gloo")
+    nccl = _nccl_pins(args, backend, world)
+    trace = args.ours.get("--trace")
+    if trace:
+        check_writable("--trace", trace)
+    check_port_free(master_addr, master_port)
+    if nccl is not None:
+        check_nccl(nccl, dict(os.environ))
+    return Job(
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        real_nodes=tuple(real_nodes),
+        direct_ranks=tuple(direct_ranks),
+        master_addr=master_addr,
+        master_port=master_port,
+        run_id=args.get("--rdzv-id") or f"nbx{os.getpid()}",
+        gloo_mode=gloo_mode,
+        gloo_host=args.ours.get("--gloo-host", "127.0.0.2"),
+        backend=backend,
+        nccl=nccl,
+        topology=topo,
+        delay_model=delay_model,
+        inject=inject,
+        data=data,
+        boundary=boundary,
+        timeout_s=timeout_s,
+        observer="--no-observer" not in args.switches,
+        placement=placement,
+        script=tuple(args.script),
+        torchrun_flags=tuple((f, v) for f, v in args.torchrun if f not in SET_BY_LAUNCHER),
+        trace=str(Path(trace).resolve()) if trace else None,
+        output=Path(output) if output is not None else None,
+    )
+
+
+# -- the parts of the job ------------------------------------------------------------------
+def _runs_as(torchrun_flags) -> str:
+    flags = {f for f, _ in torchrun_flags}
+    if flags & {"--no-python", "--no_python"}:
+        return "program"
+    if flags & {"-m", "--module"}:
+        return "module"
+    return "script"
+
+
+def _real_ranks(args: LaunchArgs, nnodes: int, nproc: int) -> tuple[list[int], list[int]]:
+    """(nodes run by a stock torchrun, ranks started directly). Whole nodes get their
+    own torchrun; when the real ranks cover only part of some node, every real rank
+    starts as its own process with the environment torchrun would give it, and the
+    controller plays every agent (it hosts the store)."""
+    if "--real-ranks" in args.ours and "--real-nodes" in args.ours:
+        raise UsageError("give --real-ranks or --real-nodes, not both")
+    if "--real-ranks" not in args.ours:
+        return index_list("--real-nodes", args.ours.get("--real-nodes", "0"), nnodes, "node"), []
+    ranks = index_list("--real-ranks", args.ours["--real-ranks"], nnodes * nproc, "rank")
+    nodes = sorted({r // nproc for r in ranks})
+    if len(ranks) == len(nodes) * nproc:
+        return nodes, []
+    return [], ranks
+
+
+def _store(args: LaunchArgs) -> tuple[str, int]:
+    """The store's address and port: as given (--rdzv-endpoint, --master-addr/--master-port,
+    their PET_* variables), else loopback and a free port."""
+    addr, port = master_endpoint(args)
+    addr = addr or "127.0.0.1"
+    port_flag = "--rdzv-endpoint" if args.get("--rdzv-endpoint") else "--master-port"
+    return addr, port_number(args, port_flag, port) if port else free_port(addr)
+
+
+def _topology(name: str, nnodes: int, nproc: int) -> str:
+    if Path(name).is_file():  # the controller may run elsewhere in the tree
+        name = str(Path(name).resolve())
+    try:
+        topology.load(name).with_nodes(nnodes, nproc)
+    except topology.TopologyError as exc:
+        raise UsageError(f"--topology: {exc}") from None
+    return name
+
+
+def _timeout(raw: str | None) -> float:
+    if raw is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--timeout takes a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _check_inject(specs: tuple[str, ...], world: int, real_ranks: list[int]) -> None:
+    try:
+        whatif = WhatIf.from_specs(list(specs))
+    except WhatIfError as exc:
+        raise UsageError(f"--inject {exc}") from None
+    real = set(real_ranks)
+    for m in whatif.mods:
+        if m.what == "straggler" and (m.rank >= world or m.rank in real):
+            raise UsageError(f"--inject {m.spec!r}: a straggler must be an emulated rank of the world")
+
+
+def _placement(path: str | None, nodes: set[int]) -> Placement | None:
+    """Where the real nodes and the controller live on a testbed (`neuronabox validate`
+    writes it); without one, everything runs here on loopback."""
+    if path is None:
+        return None
+    try:
+        placement = Placement.loads(Path(path).read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--placement {path}: not a placement file ({exc})") from None
+    missing = sorted(nodes - set(placement.nodes))
+    if missing:
+        raise UsageError(f"--placement {path}: no host for real node {missing[0]}")
+    return placement
+
+
+def _nccl_pins(args: LaunchArgs, backend: str, world: int) -> NcclPins | None:
+    """What NCCL is pinned to (`--backend nccl`), or None for Gloo."""
+    if backend not in ("gloo", "nccl"):
+        raise UsageError(f"--backend is gloo or nccl, got {backend!r}")
+    nccl_flags = [f for f in ("--nccl-algo", "--nccl-channels", "--nccl-route") if f in args.ours]
+    if backend == "gloo":
+        if nccl_flags:
+            raise UsageError(f"{nccl_flags[0]} needs --backend nccl")
+        return None
+    channels = args.ours.get("--nccl-channels", "1")
+    if not channels.isdigit():
+        raise UsageError(f"--nccl-channels takes a whole number, got {channels!r}")
+    try:
+        return NcclPins(
+            world,
+            algo=args.ours.get("--nccl-algo", "ring"),
+            channels=int(channels),
+            route=args.ours.get("--nccl-route", "socket"),
+        )
+    except NcclSetupError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- checks of this host, before anything starts ----------------------------------------
+def check_script(args: LaunchArgs) -> None:
+    """The script exists and compiles (a module is found), so a typo fails here and
+    not after the whole job started."""
+    target = args.script[0]
+    runs_as = _runs_as(args.torchrun)
+    if runs_as == "program":
+        return
+    if runs_as == "module":
+        top = target.split(".")[0]  # a submodule's spec would import its package
+        if not top or importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path]) is None:
+            if top not in sys.builtin_module_names:
+                raise UsageError(f"-m {target}: no module named {top!r}")
+        return
+    path = Path(target)
+    if path.is_dir():
+        if not (path / "__main__.py").is_file():
+            raise UsageError(f"{target}: a folder without __main__.py, not a script")
+        path = path / "__main__.py"
+    elif not path.is_file():
+        raise UsageError(f"no script {target!r} to run")
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {target}: {exc.strerror}") from None
+    if source[:4] == b"PK\x03\x04":  # a zip application: python runs its __main__
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(source, str(path), "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            where = f" at line {exc.lineno}" if exc.lineno else ""
+            raise UsageError(f"{path}: syntax error{where}: {exc.msg}") from None
+        except ValueError as exc:  # null bytes (before Python 3.12)
+            raise UsageError(f"{path}: not a Python script ({exc})") from None
+
+
+def check_writable(flag: str, target: str) -> None:
+    """A file the run writes at its end: its folder exists and takes it, checked now."""
+    path = Path(target)
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{flag} {target}: is a folder")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {target}: no folder {str(folder)!r} to write into")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {target}: not writable")
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Refuse a store port something already listens on here: a second run on it would
+    talk to the first run's store and ranks. An address that is not this host's (a
+    testbed node's) is not checked."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return
+    for family, kind, proto, _, sockaddr in infos[:1]:
+        with socket.socket(family, kind, proto) as s:
+            # As the store binds: a listener refuses the bind, a closed run's TIME_WAIT does not
+            # (a rerun on the same --master-port right after the last one is fine).
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise UsageError(f"--master-port {port} is in use on {addr} (another run?)") from None
+
+
+def check_nccl(nccl: NcclPins, env: dict[str, str]) -> None:
+    """Refuse, in one line and before anything starts, an NCCL setup the dialect does
+    not speak: a choice the user forced, a torch without NCCL, an unread NCCL release."""
+    try:
+        check_user_env(env, nccl)
+        version = probe_nccl(sys.executable, env)
+        layout_for(version)
+    except (NcclSetupError, UnsupportedNcclVersion) as exc:
+        raise UsageError(str(exc)) from None
+    print(nccl.summary(), flush=True)
+    # The sans-IO layers (versions, layouts, bootstrap, setup, schedules, plugins) exist and
+    # are tested on CPU; the live controller that drives them waits for a run on a GPU.
+    raise UsageError(
+        f"NCCL {version} is spoken, but the NCCL dialect's live controller is not built yet "
+        "(it needs its bootstrap checked on a GPU first; see docs/nccl_wire.md): nothing was started"
+    )
