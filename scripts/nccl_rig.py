@@ -87,7 +87,7 @@ def driver(args: argparse.Namespace) -> int:
         print(f"nccl_rig: {exc}", file=sys.stderr)
         return 2
     print(f"libnccl: {lib.path} (sha256 {lib.sha256}, as the wheel's RECORD says)", flush=True)
-    pins = NcclPins(args.ranks, channels=args.channels)
+    pins = NcclPins(args.ranks, algo=args.algo, channels=args.channels)
     plan = cases(args.ranks, args.sizes, args.colls, args.dtypes)
     work = Path(tempfile.mkdtemp(prefix="nbx-rig-"))
     (work / "plan.json").write_text(json.dumps(plan))
@@ -218,7 +218,7 @@ def write_result(record: Path, plan: list[dict], args: argparse.Namespace, work:
         checks.append({"kind": case["coll"], "bytes": count * elem, "dtype": f"torch.{case['dtype']}",
                        "op": case["op"], "root": root})  # fmt: skip
     result = {"nccl": version, "torch": "none (the rig calls libnccl directly)", "gpu": "NeuronaBox CPU rig",
-              "world": args.ranks, "algo": "Ring", "channels": args.channels, "checks": checks,
+              "world": args.ranks, "algo": args.algo.capitalize(), "channels": args.channels, "checks": checks,
               "closing_barrier": False, "unique_id_via": "through a pipe from rank 0 (scripts/nccl_rig.py)",
               "loaded": [r["loaded"] for r in rank0 if "loaded" in r]}  # fmt: skip
     (record / "result.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -414,6 +414,8 @@ def main() -> int:
     p.add_argument("--colls", default=",".join(COLLECTIVES))
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--channels", type=int, default=1)
+    p.add_argument("--algo", choices=("ring", "tree"), default="ring",
+                   help="NCCL's algorithm, pinned; the rig's kernels run the ring (tree: refused, naming it)")
     p.add_argument("--record", default="", help="record every rank's TCP bytes here (the wiretap)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
     p.add_argument("--case-timeout", type=float, default=60.0, help="seconds one collective may take on a rank")

@@ -94,6 +94,16 @@ def test_a_rank_that_never_joins_is_named_with_its_collective_within_the_bound()
     assert time.monotonic() - started < 100
 
 
+def test_a_work_item_the_rig_does_not_run_ends_the_run_with_a_line_naming_it() -> None:
+    """NCCL's tree (pinned here) makes NCCL hand the kernel a TREE work item: refused, named."""
+    proc = run_rig("--ranks", "2", "--algo", "tree", "--sizes", "1K", "--colls", "allreduce", "--dtypes", "float32",
+                   timeout=120)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert re.search(r"nbx-rig\[\d+\]: kernel failed on stream \d+: rig kernel: AllReduce Sum f32 TREE SIMPLE is not "
+                     r"implemented \(funcId \d+\)", proc.stderr), proc.stderr  # fmt: skip
+    assert "0 cases, 0 wrong" in proc.stdout
+
+
 @pytest.mark.parametrize(("argv", "cause"), [
     (["--ranks", "9"], "--ranks is 2 to 8, got 9"),
     (["--dtypes", "float64"], "not run by the rig: float64"),
