@@ -34,6 +34,7 @@ from neuronabox.launcher.torchrun_args import (
     master_endpoint,
     port_number,
 )
+from neuronabox.limits import check_world
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
@@ -105,6 +106,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     check_script(args)
     nnodes = int_flag(args, ("--nnodes",), 1)
     nproc = int_flag(args, ("--nproc-per-node",), 1)
+    refused = check_world(nnodes, nproc)
+    if refused:
+        raise UsageError(refused)
     world = nnodes * nproc
     real_nodes, direct_ranks = _real_ranks(args, nnodes, nproc)
     data = args.ours.get("--data", "zeros")
@@ -135,6 +139,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     trace = args.ours.get("--trace")
     if trace:
         check_writable("--trace", trace)
+        check_not_the_script("--trace", trace, args)
     check_port_free(master_addr, master_port)
     if nccl is not None:
         check_nccl(nccl, dict(os.environ))
@@ -310,15 +315,27 @@ def check_script(args: LaunchArgs) -> None:
 
 
 def check_writable(flag: str, target: str) -> None:
-    """A file the run writes at its end: its folder exists and takes it, checked now."""
+    """A file the run writes and reads back at its end: a regular file (or none yet) whose
+    folder exists and takes it, checked now. A device or a /proc file would take the trace
+    and give back something else (/dev/null: nothing; /dev/full: zeros without end)."""
     path = Path(target)
     folder = path.parent
     if path.is_dir():
         raise UsageError(f"{flag} {target}: is a folder")
+    if path.exists() and not path.is_file() or str(path.resolve()).startswith("/proc/"):
+        raise UsageError(f"{flag} {target}: not a regular file (a trace is written, then read back)")
     if not folder.is_dir():
         raise UsageError(f"{flag} {target}: no folder {str(folder)!r} to write into")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"{flag} {target}: not writable")
+
+
+def check_not_the_script(flag: str, target: str, args: LaunchArgs) -> None:
+    """An output that is the user's own script (or any file the command names) would overwrite it."""
+    out = Path(target).resolve()
+    for named in args.script:
+        if Path(named).exists() and Path(named).resolve() == out:
+            raise UsageError(f"{flag} {target} is {named}, which the run reads; choose another file")
 
 
 def check_port_free(addr: str, port: int) -> None:

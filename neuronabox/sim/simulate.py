@@ -43,6 +43,7 @@ from pathlib import Path
 from neuronabox import delay_models, topology
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.limits import check_world
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
@@ -333,9 +334,13 @@ def run_simulation(
     Returns the simulation, its totals and its report."""
     rec_nodes = doc.get("nnodes") or doc["world_size"]
     rec_nproc = doc.get("nproc_per_node") or 1
-    nnodes, nproc = nnodes or rec_nodes, nproc or rec_nproc
-    if nnodes < 1 or nproc < 1:
-        raise SimulateError("--nnodes and --nproc-per-node must be at least 1")
+    nnodes = rec_nodes if nnodes is None else nnodes
+    nproc = rec_nproc if nproc is None else nproc
+    refused = check_world(nnodes, nproc)
+    if refused:
+        raise SimulateError(refused)
+    if out and Path(out).exists() and Path(out).resolve() == Path(source).resolve():
+        raise SimulateError(f"--trace {out} is the recording being replayed; choose another file")
     world = nnodes * nproc
     timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject)
     prog = program_of(doc)

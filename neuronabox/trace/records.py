@@ -34,6 +34,10 @@ from neuronabox.schedules.kinds import POINT_TO_POINT
 
 FORMAT = "neuronabox-trace"
 VERSION = 2
+# Every read of a trace is bounded: a line (the header's group table is the largest) may
+# not pass this, so a file that is not a trace (/dev/zero, a binary, a 3 GB line) ends in
+# one TraceError instead of growing the reader without bound.
+MAX_LINE_BYTES = 64 << 20
 STEP_WINDOW = 4096  # intervals kept per real rank for the iteration time's median
 DTYPE_OF_SIZE = {1: "Byte", 2: "Half", 4: "Float", 8: "Double"}  # the wire's guess when the observer did not say
 SIZE_OF_DTYPE = {"Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Half": 2, "BFloat16": 2, "Int": 4, "Float": 4,
@@ -179,16 +183,41 @@ class TraceWriter:
         self._f = None
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """A trace is a regular file: a device or a pipe (/dev/zero, /dev/stdin) never ends."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise TraceError(f"{path}: not a regular file, so not a trace")
+
+
+def bounded_lines(f: IO[bytes], path: str | os.PathLike) -> Iterator[bytes]:
+    """The file's lines, none longer than MAX_LINE_BYTES (TraceError names the first that is)."""
+    n = 0
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_LINE_BYTES:
+            limit = MAX_LINE_BYTES >> 20
+            raise TraceError(f"{path}: line {n} is longer than {limit} MiB: not a trace, or a damaged one")
+        yield line
+
+
 def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
     """(what, value) for each line: ("header", dict), ("group", dict), ("instance", dict),
     ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("dtypes", [[group, seq,
     dtype], ...]), ("end", dict). Raises
     TraceError on a file that is not a trace of this version."""
-    with open(path) as f:
-        first = f.readline()
+    check_readable(path)
+    with open(path, "rb") as f:
+        lines = bounded_lines(f, path)
+        first = next(lines, b"")
         try:
             header = json.loads(first)
-        except ValueError:
+        except (ValueError, UnicodeDecodeError):
             header = None
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise TraceError(f"{path}: not a NeuronaBox trace (no header line)")
@@ -198,11 +227,13 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
                 " (record the run again)"
             )
         yield "header", header
-        for line in f:
+        for n, line in enumerate(lines, start=2):
             try:
                 doc = json.loads(line)
-            except ValueError:  # a run cut off mid-line: what came before stands
+            except (ValueError, UnicodeDecodeError):  # a run cut off mid-line: what came before stands
                 return
+            if not isinstance(doc, dict) or len(doc) != 1:
+                raise TraceError(f"{path}: line {n} is not a trace record")
             (what, value), = doc.items()
             yield what, value
 
@@ -243,8 +274,9 @@ def load(path: str | os.PathLike) -> dict:
 def ends(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> tuple[dict, dict]:
     """The header and the footer ({} when the run was cut off), without reading the
     records between them."""
+    check_readable(path)
     with open(path, "rb") as f:
-        header = json.loads(f.readline())
+        header = json.loads(next(bounded_lines(f, path), b"{}"))
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - tail_bytes))
         lines = f.read().rstrip(b"\n").rsplit(b"\n", 1)

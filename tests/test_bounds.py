@@ -1,0 +1,71 @@
+"""Bounds on what the tool reads, writes and accepts: a file that is not a trace, an output
+that would overwrite an input, and worlds out of range end in one line and exit 2, within
+seconds, before anything grows or starts (issue "Reliability under faults and bad input")."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLE
+from test_cli_input import usage_error
+
+from neuronabox.limits import MAX_WORLD
+from neuronabox.trace.records import FORMAT, MAX_LINE_BYTES, VERSION
+
+
+def minimal_trace(path: Path, nnodes: int = 4) -> Path:
+    header = {"format": FORMAT, "version": VERSION, "world_size": nnodes, "nnodes": nnodes, "nproc_per_node": 1}
+    path.write_text(json.dumps(header) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("cmd", [("export", "--format", "nccl-tests"), ("simulate",)])
+def test_a_device_is_not_read_as_a_trace(run, cmd):
+    cause = usage_error(run(cmd[0], "/dev/zero", *cmd[1:], timeout=60))
+    assert cause == "/dev/zero: not a regular file, so not a trace"
+
+
+def test_a_line_past_the_bound_ends_the_read_instead_of_growing_it(run, tmp_path):
+    huge = tmp_path / "one-line.jsonl"
+    with open(huge, "wb") as f:
+        f.truncate(MAX_LINE_BYTES + 4096)  # zeros, no newline: what /dev/full gives back
+    cause = usage_error(run("export", str(huge), "--format", "nccl-tests", timeout=60))
+    assert cause == f"{huge}: line 1 is longer than {MAX_LINE_BYTES >> 20} MiB: not a trace, or a damaged one"
+
+
+@pytest.mark.parametrize("target", ["/dev/null", "/proc/version", "/dev/stdout"])
+def test_the_trace_is_a_regular_file(run, target):
+    cause = usage_error(run("torchrun", "--nnodes", "2", "--trace", target, EXAMPLE, timeout=60))
+    assert cause == f"--trace {target}: not a regular file (a trace is written, then read back)"
+
+
+def test_the_trace_never_overwrites_the_script(run, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(Path(EXAMPLE).read_text())
+    before = script.read_bytes()
+    cause = usage_error(run("torchrun", "--nnodes", "2", "--trace", str(script), str(script), timeout=60))
+    assert cause == f"--trace {script} is {script}, which the run reads; choose another file"
+    assert script.read_bytes() == before
+
+
+def test_a_simulation_never_overwrites_its_recording(run, tmp_path):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    before = rec.read_bytes()
+    cause = usage_error(run("simulate", str(rec), "--trace", str(rec), timeout=60))
+    assert cause == f"--trace {rec} is the recording being replayed; choose another file"
+    assert rec.read_bytes() == before
+
+
+@pytest.mark.parametrize(("flags", "cause"), [
+    (("--nnodes", "0"), "--nnodes and --nproc-per-node must be at least 1, got 0 and 1"),
+    (("--nproc-per-node", "0"), "--nnodes and --nproc-per-node must be at least 1, got 4 and 0"),
+    (("--nnodes", "100000000"), f"a world of 100000000 ranks is past the largest the tool runs ({MAX_WORLD})"),
+])  # fmt: skip
+def test_a_simulated_world_out_of_range_is_refused_before_it_grows(run, tmp_path, flags, cause):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    assert usage_error(run("simulate", str(rec), *flags, timeout=60)) == cause
+
+
+def test_a_launched_world_out_of_range_is_refused_before_anything_starts(run):
+    cause = usage_error(run("torchrun", "--nnodes", str(MAX_WORLD + 1), EXAMPLE, timeout=60))
+    assert cause == f"a world of {MAX_WORLD + 1} ranks is past the largest the tool runs ({MAX_WORLD})"
