@@ -69,3 +69,47 @@ def test_a_simulated_world_out_of_range_is_refused_before_it_grows(run, tmp_path
 def test_a_launched_world_out_of_range_is_refused_before_anything_starts(run):
     cause = usage_error(run("torchrun", "--nnodes", str(MAX_WORLD + 1), EXAMPLE, timeout=60))
     assert cause == f"a world of {MAX_WORLD + 1} ranks is past the largest the tool runs ({MAX_WORLD})"
+
+
+def test_a_link_planted_at_the_registrys_temporary_name_is_not_followed(tmp_path, monkeypatch):
+    import os
+
+    from neuronabox.launcher import registry
+
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    monkeypatch.setattr(registry, "RUNS_DIR", runs)
+    victim = tmp_path / "victim"
+    victim.write_text("mine")
+    for stem in ("latest", str(os.getpid())):  # the names a local stranger can predict
+        (runs / f"{stem}.{os.getpid()}.tmp").symlink_to(victim)
+    assert registry.enter({"control": "127.0.0.1:1", "token": "secret", "pid": os.getpid()})
+    assert victim.read_text() == "mine"
+    latest = runs / "latest.json"
+    assert not latest.is_symlink() and json.loads(latest.read_text())["token"] == "secret"
+    assert oct(latest.stat().st_mode & 0o777) == oct(0o600)
+
+
+@pytest.mark.parametrize("how", ["another user's", "open to all"])
+def test_a_registry_folder_that_is_not_this_users_own_is_neither_written_nor_trusted(tmp_path, monkeypatch, capsys,
+                                                                                     how):  # fmt: skip
+    import os
+
+    from neuronabox.cli import status
+    from neuronabox.launcher import registry
+
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    planted = {"control": "127.0.0.1:9", "token": "stolen?", "pid": os.getpid()}
+    (runs / f"{os.getpid()}.json").write_text(json.dumps(planted))
+    if how == "another user's":
+        if os.getuid() != 0:
+            pytest.skip("making a folder another user's needs root")
+        os.chown(runs, 65534, 65534)
+    else:
+        runs.chmod(0o777)
+    monkeypatch.setattr(registry, "RUNS_DIR", runs)
+    assert status.live_runs() == []
+    assert not registry.enter({"control": "127.0.0.1:1", "token": "secret", "pid": os.getpid()})
+    assert "the run is not listed for status and inject" in capsys.readouterr().err
+    assert not (runs / "latest.json").exists()

@@ -25,11 +25,13 @@ def live_runs() -> list[dict]:
     """Every run registered in registry.RUNS_DIR/<launcher pid>.json whose launcher lives; the
     files of dead ones are removed."""
     runs = []
+    if registry.why_not_ours(registry.RUNS_DIR):  # a registry someone else made is not trusted
+        return runs
     for f in sorted(registry.RUNS_DIR.glob("*.json")):
         if not f.stem.isdigit():
             continue
         try:
-            entry = json.loads(f.read_text())
+            entry = _entry(f)
             alive = psutil.pid_exists(int(entry["pid"])) and bool(entry["control"])
         except (OSError, KeyError, ValueError, TypeError):
             continue  # being written, or gone
@@ -57,8 +59,13 @@ def token_for(address: str) -> str:
 
 
 def _entry(path) -> dict:
+    """A registry entry: only from this user's own registry, and bounded (an entry is a few
+    hundred bytes)."""
+    if registry.why_not_ours(path.parent):
+        return {}
     try:
-        return json.loads(path.read_text())
+        with open(path, "rb") as f:
+            return json.loads(f.read(1 << 16))
     except (OSError, ValueError):
         return {}
 
@@ -66,11 +73,11 @@ def _entry(path) -> dict:
 def _control_address(given: str | None) -> str | None:
     if given is not None:
         return given
-    try:
-        return json.loads((registry.RUNS_DIR / "latest.json").read_text())["control"]
-    except (OSError, KeyError, ValueError):
+    control = _entry(registry.RUNS_DIR / "latest.json").get("control")
+    if not control:
         print("neuronabox: error: no run found; pass --address", file=sys.stderr)
         return None
+    return control
 
 
 def main(argv: list[str]) -> int:
