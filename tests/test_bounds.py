@@ -113,3 +113,38 @@ def test_a_registry_folder_that_is_not_this_users_own_is_neither_written_nor_tru
     assert not registry.enter({"control": "127.0.0.1:1", "token": "secret", "pid": os.getpid()})
     assert "the run is not listed for status and inject" in capsys.readouterr().err
     assert not (runs / "latest.json").exists()
+
+
+@pytest.mark.parametrize(("out", "cause"), [
+    ("{tmp}/missing/x.json", "--out {tmp}/missing/x.json: no folder '{tmp}/missing' to write into"),
+    ("/dev/full", "--out /dev/full: not a regular file"),
+    ("{tmp}", "--out {tmp}: is a folder"),
+])  # fmt: skip
+def test_an_export_that_cannot_be_written_is_refused_before_any_work(run, tmp_path, out, cause):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    out = out.format(tmp=tmp_path)
+    assert usage_error(run("export", str(rec), "--format", "chrome", "--out", out, timeout=60)) == cause.format(
+        tmp=tmp_path)
+
+
+def test_a_negative_sample_is_refused(run, tmp_path):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    cause = usage_error(run("export", str(rec), "--format", "chrome", "--sample-emulated", "-5", timeout=60))
+    assert cause == "--sample-emulated is 0 or more, got -5"
+
+
+def test_a_simulated_trace_that_cannot_be_written_is_refused(run, tmp_path):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    cause = usage_error(run("simulate", str(rec), "--trace", str(tmp_path / "no" / "out.jsonl"), timeout=60))
+    assert cause == f"--trace {tmp_path}/no/out.jsonl: no folder '{tmp_path}/no' to write into"
+
+
+def test_a_sweep_that_cannot_write_its_table_is_refused_before_any_run(run, tmp_path):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("neuronabox-sweep-*"))
+    prefix = tmp_path / "no" / "sweep"
+    cause = usage_error(run("whatif", "--sweep", "latency=0,1ms", "--out", str(prefix), "--nnodes", "2", "--", EXAMPLE,
+                            timeout=60))  # fmt: skip
+    assert cause == f"--out {prefix}.csv: no folder '{prefix.parent}' to write into"
+    assert set(Path(tempfile.gettempdir()).glob("neuronabox-sweep-*")) == before

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from neuronabox.args import ArgParser
+from neuronabox.limits import output_problem
 from neuronabox.trace import records as tracefile
 from neuronabox.trace.chrome import chrome
 from neuronabox.trace.nccl_tests import nccl_tests
@@ -31,6 +32,12 @@ def build_parser() -> ArgParser:
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.sample_emulated < 0:
+        print(f"neuronabox: error: --sample-emulated is 0 or more, got {ns.sample_emulated}", file=sys.stderr)
+        return 2
+    if ns.out and ns.format != "chakra" and output_problem(ns.out):
+        print(f"neuronabox: error: --out {output_problem(ns.out)}", file=sys.stderr)
+        return 2
     try:
         doc = tracefile.load(ns.trace)
     except OSError as exc:
@@ -46,6 +53,14 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(nccl_tests(doc))
         return 0
     out = Path(ns.out or Path(ns.trace).with_suffix(suffix))
+    try:
+        return write(ns, doc, out)
+    except OSError as exc:  # the disk filled, the folder went away: one line, not a traceback
+        print(f"neuronabox: error: {out}: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+def write(ns, doc: dict, out: Path) -> int:
     if ns.format == "nccl-tests":
         out.write_text(nccl_tests(doc))
     elif ns.format == "chrome":

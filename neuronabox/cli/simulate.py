@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from neuronabox.args import ArgParser
+from neuronabox.limits import output_problem
 from neuronabox.sim.simulate import SimulateError, load_trace, run_simulation
 
 NAME = "simulate"
@@ -30,6 +31,9 @@ def build_parser() -> ArgParser:
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.out and output_problem(ns.out):
+        print(f"neuronabox: error: --trace {output_problem(ns.out)}", file=sys.stderr)
+        return 2
     try:
         doc = load_trace(ns.trace)
         _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
@@ -39,6 +43,9 @@ def main(argv: list[str]) -> int:
         return 2
     except RuntimeError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # writing the simulated trace failed
+        print(f"neuronabox: error: {exc.filename or ns.out}: {exc.strerror}", file=sys.stderr)
         return 1
     print(text)
     return 0

@@ -9,10 +9,21 @@ import tempfile
 from pathlib import Path
 
 from neuronabox.args import ArgParser
+from neuronabox.limits import output_problem
 from neuronabox.sim.sweep import SweepError, plan, plot, run_one, trace_name
 
 NAME = "whatif"
 SUMMARY = "sweep a what-if (latency, bandwidth, jitter, world size) live or in simulation: a CSV and a plot"
+
+
+def refuse_outputs(prefix: str) -> int:
+    """2 (after one line) if the sweep could not write its table and plot, checked before any run."""
+    for target in (f"{prefix}.csv", f"{prefix}.png"):
+        problem = output_problem(target)
+        if problem:
+            print(f"neuronabox: error: --out {problem}", file=sys.stderr)
+            return 2
+    return 0
 
 
 def build_parser() -> ArgParser:
@@ -37,11 +48,14 @@ def main(argv: list[str]) -> int:
         p.print_help()
         return 0
     if "--simulate" in ours or any(a.startswith("--simulate=") for a in ours):
-        return simulated_sweep(p.parse_args(ours))
+        ns = p.parse_args(ours)
+        return refuse_outputs(ns.out) or simulated_sweep(ns)
     if "--" not in argv:
         print("neuronabox: error: whatif needs the script after --", file=sys.stderr)
         return 2
     ns, launch = p.parse_known_args(ours)
+    if refuse_outputs(ns.out):
+        return 2
     if not script:
         print("neuronabox: error: no training script given after --", file=sys.stderr)
         return 2
