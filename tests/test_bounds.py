@@ -148,3 +148,18 @@ def test_a_sweep_that_cannot_write_its_table_is_refused_before_any_run(run, tmp_
                             timeout=60))  # fmt: skip
     assert cause == f"--out {prefix}.csv: no folder '{prefix.parent}' to write into"
     assert set(Path(tempfile.gettempdir()).glob("neuronabox-sweep-*")) == before
+
+
+@pytest.mark.parametrize(("record", "cause"), [
+    ({"instance": {"kind": "allreduce"}}, "instance 0 has no str 'group': a damaged trace"),
+    ({"instance": {"kind": "allreduce", "group": "0", "seq": 0, "world": 4, "nbytes": 8, "per_rank": {"0": 1}}},
+     "instance 0 has a malformed span for rank 0: a damaged trace"),
+    ({"group": {"name": "1"}}, "a malformed group record: a damaged trace"),
+    (["not", "a", "record"], "line 2 is not a trace record"),
+])  # fmt: skip
+def test_a_damaged_record_is_one_line_not_a_traceback(run, tmp_path, record, cause):
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    with open(rec, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    for cmd in (("export", str(rec), "--format", "nccl-tests"), ("simulate", str(rec))):
+        assert usage_error(run(*cmd, timeout=60)) == f"{rec}: {cause}"

@@ -238,6 +238,22 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
             yield what, value
 
 
+# What a reader relies on in each instance record (instance_record writes them all).
+INSTANCE_KEYS = {"kind": str, "group": str, "seq": int, "world": int, "nbytes": int, "per_rank": dict}
+
+
+def check_instance(path: str | os.PathLike, n: int, rec: object) -> None:
+    """An instance record a reader can use, or TraceError naming the record."""
+    if not isinstance(rec, dict):
+        raise TraceError(f"{path}: instance {n} is not a record")
+    for key, kind in INSTANCE_KEYS.items():
+        if not isinstance(rec.get(key), kind):
+            raise TraceError(f"{path}: instance {n} has no {kind.__name__} {key!r}: a damaged trace")
+    for rank, span in rec["per_rank"].items():
+        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(t, (int, float)) for t in span)):
+            raise TraceError(f"{path}: instance {n} has a malformed span for rank {rank}: a damaged trace")
+
+
 def load(path: str | os.PathLike) -> dict:
     """The whole trace as one document: the header's fields, `groups` (name -> global
     ranks; the default group's are the world's), `instances`, `gaps`, `steps`, and the
@@ -249,15 +265,22 @@ def load(path: str | os.PathLike) -> dict:
         if what == "header":
             doc.update({k: v for k, v in value.items() if k not in ("format", "version")})
         elif what == "group":
-            doc["groups"][value["name"]] = value["ranks"] or list(range(value["world"]))
+            try:
+                doc["groups"][value["name"]] = value["ranks"] or list(range(value["world"]))
+            except (KeyError, TypeError):
+                raise TraceError(f"{path}: a malformed group record: a damaged trace") from None
         elif what == "instance":
+            check_instance(path, len(doc["instances"]), value)
             doc["instances"].append(value)
         elif what == "gap":
             doc["gaps"].append(value)
         elif what == "step":
             doc["steps"].append(value)
         elif what == "dtypes":
-            dtypes.update(((group, seq), dtype) for group, seq, dtype in value)
+            try:
+                dtypes.update(((group, seq), dtype) for group, seq, dtype in value)
+            except (TypeError, ValueError):
+                raise TraceError(f"{path}: a malformed dtypes record: a damaged trace") from None
         elif what == "end":
             doc.update(value)
             doc["complete"] = True
