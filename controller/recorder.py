@@ -90,6 +90,7 @@ class RunRecorder:
             "boundary": cfg.boundary,
             "inject": self.timing.whatif.specs(),
             "data": cfg.data,
+            "observer": cfg.observer,
             "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
         }
 

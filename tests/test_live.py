@@ -83,4 +83,10 @@ def test_geometry_from_the_wire_alone(run):
     res = run("torchrun", "--nnodes", "4", "--no-observer", COLLECTIVES, "--sizes", "4096,65536", "--dtypes", "float32")
     assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
     assert "all checks passed" in res.out
-    assert "optimizer steps not observed" in res.out
+    assert "optimizer steps not observed (no observer)" in res.out
+
+
+def test_a_script_without_an_optimizer_is_said_to_have_taken_no_step_not_to_lack_the_observer(run):
+    res = run("torchrun", "--nnodes", "2", COLLECTIVES, "--sizes", "64", "--dtypes", "float32")
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    assert "optimizer steps not observed (the observer saw no optimizer.step())" in res.out

@@ -42,6 +42,8 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         )
     if reply.steps:
         lines.append(f"  optimizer steps {reply.steps}   iteration time {reply.iteration_s * 1e3:.2f} ms")
+    elif header.get("observer", True):
+        lines.append("  optimizer steps not observed (the observer saw no optimizer.step()); iteration time unknown")
     else:
         lines.append("  optimizer steps not observed (no observer); iteration time unknown")
     return "\n".join(lines)
