@@ -163,3 +163,24 @@ def test_a_damaged_record_is_one_line_not_a_traceback(run, tmp_path, record, cau
         f.write(json.dumps(record) + "\n")
     for cmd in (("export", str(rec), "--format", "nccl-tests"), ("simulate", str(rec))):
         assert usage_error(run(*cmd, timeout=60)) == f"{rec}: {cause}"
+
+
+def test_inject_without_an_address_means_the_one_live_run_not_the_latest_entry(tmp_path, monkeypatch, capsys):
+    import os
+
+    from neuronabox.cli import status
+    from neuronabox.launcher import registry
+
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    monkeypatch.setattr(registry, "RUNS_DIR", runs)
+    dead = 2**22 + 12345  # past pid_max's default: no process has it
+    older = {"control": "127.0.0.1:1001", "pid": os.getpid(), "token": "t1"}
+    ended = {"control": "127.0.0.1:1002", "pid": dead, "token": "t2"}
+    (runs / f"{os.getpid()}.json").write_text(json.dumps(older))
+    (runs / "latest.json").write_text(json.dumps(ended))  # the last started, and gone
+    assert status._control_address(None) == "127.0.0.1:1001"
+    second = {"control": "127.0.0.1:1003", "pid": os.getppid(), "token": "t3"}
+    (runs / f"{os.getppid()}.json").write_text(json.dumps(second))
+    assert status._control_address(None) is None
+    assert "2 runs are live" in capsys.readouterr().err

@@ -71,13 +71,21 @@ def _entry(path) -> dict:
 
 
 def _control_address(given: str | None) -> str | None:
+    """The run a command without --address means: the one live run. With several live, or
+    none, it says so (the latest entry may name a run that has ended while an older one
+    still runs)."""
     if given is not None:
         return given
-    control = _entry(registry.RUNS_DIR / "latest.json").get("control")
-    if not control:
-        print("neuronabox: error: no run found; pass --address", file=sys.stderr)
-        return None
-    return control
+    runs = live_runs()
+    if len(runs) == 1:
+        return runs[0]["control"]
+    if runs:
+        pids = ", ".join(str(r["pid"]) for r in runs)
+        print(f"neuronabox: error: {len(runs)} runs are live (launchers {pids}); pass --address "
+              "(neuronabox status lists them)", file=sys.stderr)  # fmt: skip
+    else:
+        print("neuronabox: error: no live run found; pass --address", file=sys.stderr)
+    return None
 
 
 def main(argv: list[str]) -> int:
