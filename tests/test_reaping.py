@@ -61,3 +61,20 @@ def test_the_launcher_killed_outright_takes_the_run_along():
         assert not alive, [p.cmdline() for p in alive]
     finally:
         live.stop()
+
+
+def test_a_closed_terminal_stops_the_run_and_unlists_it():
+    """SIGHUP (the terminal closed) ends the run as an interrupt does: nothing left running,
+    the registry entry gone, the exit status 128 + 1, and the folder it keeps named."""
+    from neuronabox.launcher.registry import RUNS_DIR
+
+    live = Live("torchrun", "--nnodes", "2", COLLECTIVES, *FOREVER)
+    try:
+        live.wait_line(r"rank 0: iteration 0 done")
+        assert (RUNS_DIR / f"{live.proc.pid}.json").is_file()
+        live.proc.send_signal(signal.SIGHUP)
+        assert live.finish(timeout=60) == 129
+    finally:
+        live.stop()
+    assert "interrupted (SIGHUP); stopping the run (its logs: " in live.err
+    assert not (RUNS_DIR / f"{live.proc.pid}.json").exists()

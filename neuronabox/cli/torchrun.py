@@ -92,7 +92,8 @@ def build_parser() -> ArgParser:
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the launcher: stop the run, exit 128 + the signal."""
+    """SIGINT, SIGTERM or SIGHUP (the terminal closed) reached the launcher: stop the run,
+    exit 128 + the signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -115,7 +116,7 @@ def main(argv: list[str]) -> int:
         return 2
     run = Run(job)
     become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
-    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         result = run.execute()
         print(result.summary, flush=True)
@@ -130,7 +131,8 @@ def main(argv: list[str]) -> int:
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); stopping the run", file=sys.stderr)
+        kept = f" (its logs: {run.dir})" if run.dir.is_dir() else ""
+        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); stopping the run{kept}", file=sys.stderr)
         return 128 + signum
     finally:
         run.cleanup()
