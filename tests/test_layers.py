@@ -42,23 +42,27 @@ def test_the_engine_and_its_parts_import_no_dialect():
         assert not dialects, f"controller/{name}.py imports {dialects}"
 
 
-def test_no_import_cycle_among_controller_modules():
-    mods = modules()
+def assert_acyclic(graph: dict[str, set[str]]) -> None:
+    """Fails naming the first import cycle found in `graph` (module -> modules it imports)."""
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
-        for dep in sorted(mods.get(m, ())):
-            if dep not in mods:
+        for dep in sorted(graph.get(m, ())):
+            if dep not in graph:
                 continue
             assert state.get(dep) != 1, "import cycle: " + " -> ".join(path + [m, dep])
             if dep not in state:
                 visit(dep, path + [m])
         state[m] = 2
 
-    for m in sorted(mods):
+    for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+def test_no_import_cycle_among_controller_modules():
+    assert_acyclic(modules())
 
 
 # The tool's layers, bottom up, by folder: what each may import of the tool (besides itself).
@@ -133,20 +137,7 @@ def tool_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 def test_no_import_cycle_anywhere_in_the_tool():
     known = tool_modules()
-    graph = {name: tool_imports(name, path, known) for name, path in known.items()}
-    state: dict[str, int] = {}
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for dep in sorted(graph[m]):
-            assert state.get(dep) != 1, "import cycle: " + " -> ".join(path + [m, dep])
-            if dep not in state:
-                visit(dep, path + [m])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [])
+    assert_acyclic({name: tool_imports(name, path, known) for name, path in known.items()})
 
 
 def test_nothing_imports_the_command_line():

@@ -26,6 +26,15 @@ static size_t pageRound(size_t bytes) {
   return bytes == 0 ? page : (bytes + page - 1) / page * page;
 }
 
+/* Lists a filled-in allocation under a fresh id. */
+static void list(struct nbxAllocation *a) {
+  pthread_mutex_lock(&registryLock);
+  a->id = nextId++;
+  a->next = registry;
+  registry = a;
+  pthread_mutex_unlock(&registryLock);
+}
+
 void *nbxMemAllocate(size_t bytes, enum nbxMemKind kind) {
   size_t mapped = pageRound(bytes);
   /* Fresh anonymous pages: zeroed, as NCCL's buffers need nothing else, and untouched pages cost nothing. */
@@ -40,11 +49,7 @@ void *nbxMemAllocate(size_t bytes, enum nbxMemKind kind) {
   a->bytes = bytes;
   a->mapped = mapped;
   a->kind = kind;
-  pthread_mutex_lock(&registryLock);
-  a->id = nextId++;
-  a->next = registry;
-  registry = a;
-  pthread_mutex_unlock(&registryLock);
+  list(a);
   return p;
 }
 
@@ -57,11 +62,7 @@ int nbxMemRegisterKind(void *ptr, size_t bytes, enum nbxMemKind kind) {
   a->base = ptr;
   a->bytes = bytes;
   a->kind = kind;
-  pthread_mutex_lock(&registryLock);
-  a->id = nextId++;
-  a->next = registry;
-  registry = a;
-  pthread_mutex_unlock(&registryLock);
+  list(a);
   return 0;
 }
 
