@@ -100,7 +100,9 @@ class StatusService:
         """Change the what-if modifiers during the run: instances that start from now on
         see them. Raises WhatIfError on a bad spec."""
         mods = [] if clear else list(self.timing.whatif.mods)
-        mods += WhatIf.from_specs(specs).mods
+        added = WhatIf.from_specs(specs)
+        added.check(self.cfg.world_size, self.cfg.real_ranks)  # as the launcher checks --inject
+        mods += added.mods
         self.timing.set_whatif(WhatIf(mods))
         self.log(f"what-if now: {', '.join(m.spec for m in mods) or 'none'}")
         return [m.spec for m in mods]

@@ -109,6 +109,17 @@ class WhatIf:
     def specs(self) -> list[str]:
         return [m.spec for m in self.mods]
 
+    def check(self, world: int, real_ranks: list[int]) -> None:
+        """Refuse what no run of `world` ranks with these real ranks can do: a straggler that
+        is not an emulated rank of the world. The launcher, a live `inject` and the
+        simulation all ask here, so they refuse alike."""
+        real = set(real_ranks)
+        for m in self.mods:
+            if m.what == "straggler" and not (0 <= m.rank < world and m.rank not in real):
+                raise WhatIfError(f"{m.spec!r}: a straggler must be an emulated rank of the world "
+                                  f"(0..{world - 1}, not real rank{'s' if len(real) > 1 else ''} "
+                                  f"{', '.join(map(str, sorted(real)))})")  # fmt: skip
+
     def hop(self, kind: str, link: LinkClass) -> LinkClass:
         lat, bw = link.latency, link.bandwidth
         for m in self.mods:

@@ -14,7 +14,8 @@ from neuronabox.trace.records import FORMAT, MAX_LINE_BYTES, VERSION
 
 
 def minimal_trace(path: Path, nnodes: int = 4) -> Path:
-    header = {"format": FORMAT, "version": VERSION, "world_size": nnodes, "nnodes": nnodes, "nproc_per_node": 1}
+    header = {"format": FORMAT, "version": VERSION, "world_size": nnodes, "nnodes": nnodes, "nproc_per_node": 1,
+              "real_ranks": [0]}
     path.write_text(json.dumps(header) + "\n")
     return path
 
@@ -184,3 +185,23 @@ def test_inject_without_an_address_means_the_one_live_run_not_the_latest_entry(t
     (runs / f"{os.getppid()}.json").write_text(json.dumps(second))
     assert status._control_address(None) is None
     assert "2 runs are live" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("spec", "why"), [
+    ("straggler=rank:0,delay=1ms", "(0..3, not real rank 0)"),
+    ("straggler=rank:99999,delay=1ms", "(0..3, not real rank 0)"),
+])  # fmt: skip
+def test_a_straggler_is_an_emulated_rank_for_the_launcher_and_the_simulation_alike(run, tmp_path, spec, why):
+    want = f"--inject '{spec}': a straggler must be an emulated rank of the world {why}"
+    assert usage_error(run("torchrun", "--nnodes", "4", "--inject", spec, EXAMPLE, timeout=60)) == want
+    rec = minimal_trace(tmp_path / "rec.jsonl")
+    assert usage_error(run("simulate", str(rec), "--inject", spec, timeout=60)) == want
+
+
+def test_the_straggler_check_is_one_rule():
+    """One rule for every caller (a live run's Inject call: tests/test_timing_live.py)."""
+    from neuronabox.delay_models.whatif import WhatIf, WhatIfError
+
+    with pytest.raises(WhatIfError, match="a straggler must be an emulated rank of the world"):
+        WhatIf.from_specs(["straggler=rank:2,delay=1ms"]).check(8, [0, 2])
+    WhatIf.from_specs(["straggler=rank:3,delay=1ms"]).check(8, [0, 2])

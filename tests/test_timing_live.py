@@ -103,6 +103,8 @@ def test_inject_changes_a_live_run():
         before = median_of_next(live, 50)
         bad = nbx("inject", "latency=+3", check_clean=False)
         assert bad.rc == 2 and "latency" in bad.last_error
+        real = nbx("inject", "straggler=rank:0,delay=1ms", check_clean=False)  # the launcher refuses it too
+        assert real.rc == 2 and "a straggler must be an emulated rank of the world" in real.last_error, real.err
         ok = nbx("inject", "latency=+4ms,per=collective,op=allreduce", check_clean=False)
         assert ok.rc == 0 and "latency=+4ms" in ok.out, ok.err
         # 100 repetitions (0.1-0.5 s): a window of 30 right after an `inject` process exits

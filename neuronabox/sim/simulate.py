@@ -344,6 +344,10 @@ def run_simulation(
     world = nnodes * nproc
     timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject)
     prog = program_of(doc)
+    try:
+        whatif.check(world, [prog.rank])  # as the launcher checks --inject
+    except WhatIfError as exc:
+        raise SimulateError(f"--inject {exc}") from None
     costs = {} if punctual else software_costs(prog, network_of(doc, rec_nodes, rec_nproc, None, None, None)[0])
     writer = None
     if out:
