@@ -49,6 +49,7 @@ class Controller:
         self.cfg = cfg
         self.t0 = time.monotonic()
         self.lifecycle = Lifecycle()
+        self.stop_reason = ""
         topo = topology.load(cfg.topology).with_nodes(cfg.nnodes, cfg.nproc_per_node)
         self.timing = ReleaseTiming(
             delay_models.load(cfg.delay_model, topo),
@@ -139,6 +140,7 @@ class Controller:
             self.fail(exc)
 
     def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason  # the trace's footer says why the run stopped
         self.lifecycle.move(RunState.STOPPING)
         self._end_loop()
 
@@ -165,7 +167,7 @@ class Controller:
         state = self.lifecycle.end()
         if state is RunState.FAILED:
             print(f"neuronabox controller: error: {self.lifecycle.error}", file=sys.stderr, flush=True)
-        self.recorder.close(state.value, self.lifecycle.error)
+        self.recorder.close(state.value, self.lifecycle.error, self.stop_reason)
         self.status.close()
         if isinstance(self.driver.error, RankStalled):
             return STALLED

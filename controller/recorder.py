@@ -72,10 +72,11 @@ class RunRecorder:
         if self.trace is not None:
             self.trace.dtypes(dtypes)
 
-    def close(self, state: str, error: str) -> None:
-        """The run ended: the trace's footer says how."""
+    def close(self, state: str, error: str, reason: str = "") -> None:
+        """The run ended: the trace's footer says how, and why it was stopped (the launcher's
+        reason: the job finished, or a real node's process failed)."""
         if self.trace is not None:
-            self.trace.close(self._footer(state, error))
+            self.trace.close(self._footer(state, error, reason))
 
     def _header(self) -> dict:
         cfg = self.cfg
@@ -94,10 +95,11 @@ class RunRecorder:
             "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
         }
 
-    def _footer(self, state: str, error: str) -> dict:
+    def _footer(self, state: str, error: str, reason: str = "") -> dict:
         return {
             "state": state,
             "error": error,
+            "stopped_because": reason,
             "inject": self.timing.whatif.specs(),  # what-if may change during the run
             "release": self.timing.lateness_summary(),
         }

@@ -52,10 +52,16 @@ def test_alltoall_is_carried_now(run):
     assert res.rc == 0, res.err[-2000:]
 
 
-def test_a_real_rank_that_crashes_mid_run(run):
-    res = run("torchrun", "--nnodes", "8", COLLECTIVES, "--repeat", "5", "--crash-at", "2", "--sizes", "1024")
+def test_a_real_rank_that_crashes_mid_run(run, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    res = run("torchrun", "--nnodes", "8", "--trace", str(trace), COLLECTIVES, "--repeat", "5", "--crash-at", "2",
+              "--sizes", "1024")  # fmt: skip
     assert res.rc == 1
     assert "process exited with status" in res.last_error
+    from neuronabox.trace.records import ends
+
+    _, footer = ends(trace)  # the trace says the run did not end as a success does
+    assert footer["stopped_because"] == "a real node failed: its process exited with status 1", footer
 
 
 def live_status() -> str:

@@ -208,7 +208,7 @@ class Run:
             codes = [p.poll() for p in self.torchruns]
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
-                reply = self.shutdown("a real node failed")
+                reply = self.shutdown(f"a real node failed: its process exited with status {failed[0]}")
                 if reply is not None and reply.error:
                     raise LaunchError(f"{reply.error} (a real node's process exited with status {failed[0]})")
                 raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
