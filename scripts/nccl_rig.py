@@ -192,13 +192,19 @@ def collect(procs: list[subprocess.Popen], work: Path, plan: list[dict], args: a
         print(f"nccl_rig: {s.get('stuck') or s.get('error')}", file=sys.stderr)
     if None in codes and not stuck:
         waiting = [r for r, c in enumerate(codes) if c is None]
-        last = {r: (max(done[r]) + 1 if done[r] else 0) for r in waiting}
         for r in waiting:
-            at = plan[last[r]] if last[r] < len(plan) else None
-            what = f"{at['coll']} {at['dtype']} {at['op']} {at['bytes']} B" if at else "ncclCommInitRank"
+            nxt = max(done[r]) + 1 if done[r] else None  # None: no case finished, so still in init
+            if nxt is None:
+                what = "ncclCommInitRank"
+            elif nxt < len(plan):
+                at = plan[nxt]
+                what = f"{at['coll']} {at['dtype']} {at['op']} {at['bytes']} B"
+            else:
+                what = "ncclCommDestroy"
             print(f"nccl_rig: rank {r} is stuck in {what} after {args.timeout:.0f} s", file=sys.stderr)
     print(f"{ran} cases, {wrong_cases} wrong")
-    if None in codes or stuck or any(c != 0 for c in codes if c is not None) and not wrong_cases:
+    crashed = any(c not in (None, 0) for c in codes) and not wrong_cases  # a rank with wrong values exits 0
+    if None in codes or stuck or crashed:
         if ran < len(plan):
             print(f"nccl_rig: {len(plan) - ran} of {len(plan)} cases did not run; exit codes {codes}", file=sys.stderr)
         return 3

@@ -139,6 +139,14 @@ static void freeOp(struct nbxOp *op) {
   free(op);
 }
 
+static void unlist(struct nbxStream *s) {
+  pthread_mutex_lock(&liveLock);
+  struct nbxStream **link = &live;
+  while (*link != NULL && *link != s) link = &(*link)->nextLive;
+  if (*link == s) *link = s->nextLive;
+  pthread_mutex_unlock(&liveLock);
+}
+
 static void *streamMain(void *arg) {
   struct nbxStream *s = arg;
   pthread_mutex_lock(&s->lock);
@@ -156,6 +164,7 @@ static void *streamMain(void *arg) {
     pthread_cond_broadcast(&s->changed);
   }
   pthread_mutex_unlock(&s->lock);
+  unlist(s); /* destroyed, and its queue drained */
   return NULL;
 }
 
@@ -264,12 +273,8 @@ static uint64_t enqueue(struct nbxStream *s, struct nbxOp *op) {
 CUresult nbxStreamDestroy(CUstream handle) {
   struct nbxStream *s = nbxStreamResolve(handle);
   if (s == defaultStream) return CUDA_SUCCESS;
-  pthread_mutex_lock(&liveLock);
-  struct nbxStream **link = &live;
-  while (*link != NULL && *link != s) link = &(*link)->nextLive;
-  if (*link == s) *link = s->nextLive;
-  pthread_mutex_unlock(&liveLock);
-  /* As on a GPU, work already queued still runs; the thread ends after it. The struct stays. */
+  /* As on a GPU, work already queued still runs (and a context synchronize still waits for
+   * it); the thread ends after it and takes the stream off the live list. The struct stays. */
   pthread_mutex_lock(&s->lock);
   s->closing = 1;
   pthread_cond_broadcast(&s->changed);
@@ -446,17 +451,20 @@ CUresult nbxSynchronizeAll(void) {
   uint64_t targets[256];
   size_t n = 0;
   pthread_mutex_lock(&liveLock);
-  for (struct nbxStream *s = live; s != NULL && n < 256; s = s->nextLive, n++) {
+  int more = 0;
+  for (struct nbxStream *s = live; s != NULL; s = s->nextLive) {
+    if (n == 256) {
+      more++;
+      continue;
+    }
     snapshot[n] = s;
     pthread_mutex_lock(&s->lock);
-    targets[n] = s->submitted;
+    targets[n++] = s->submitted;
     pthread_mutex_unlock(&s->lock);
   }
-  int more = 0;
-  for (struct nbxStream *s = live; s != NULL; s = s->nextLive) more++;
   pthread_mutex_unlock(&liveLock);
   for (size_t i = 0; i < n; i++) waitForSeq(snapshot[i], targets[i]);
-  if (more > 256) nbxLog("a context synchronize drained 256 of %d streams", more);
+  if (more) nbxLog("a context synchronize drained 256 streams; %d more were not waited for", more);
   return nbxStickyError();
 }
 

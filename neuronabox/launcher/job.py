@@ -34,7 +34,7 @@ from neuronabox.launcher.torchrun_args import (
     master_endpoint,
     port_number,
 )
-from neuronabox.limits import check_world
+from neuronabox.limits import check_world, output_problem
 
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
@@ -311,19 +311,11 @@ def check_script(args: LaunchArgs) -> None:
 
 
 def check_writable(flag: str, target: str) -> None:
-    """A file the run writes and reads back at its end: a regular file (or none yet) whose
-    folder exists and takes it, checked now. A device or a /proc file would take the trace
-    and give back something else (/dev/null: nothing; /dev/full: zeros without end)."""
-    path = Path(target)
-    folder = path.parent
-    if path.is_dir():
-        raise UsageError(f"{flag} {target}: is a folder")
-    if path.exists() and not path.is_file() or str(path.resolve()).startswith("/proc/"):
-        raise UsageError(f"{flag} {target}: not a regular file (a trace is written, then read back)")
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {target}: no folder {str(folder)!r} to write into")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {target}: not writable")
+    """A file the run writes and reads back at its end: what every output of the tool must
+    be (`limits.output_problem`), checked now."""
+    problem = output_problem(target)
+    if problem:
+        raise UsageError(f"{flag} {problem}")
 
 
 def check_not_the_script(flag: str, target: str, args: LaunchArgs) -> None:

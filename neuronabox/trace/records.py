@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import stat
 from collections import defaultdict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -185,8 +186,6 @@ class TraceWriter:
 
 def check_readable(path: str | os.PathLike) -> None:
     """A trace is a regular file: a device or a pipe (/dev/zero, /dev/stdin) never ends."""
-    import stat
-
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise TraceError(f"{path}: not a regular file, so not a trace")
