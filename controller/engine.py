@@ -151,6 +151,9 @@ class Instance:
         if timing is not None:
             self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.account.start)
             self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
+            timing.within_limit(
+                self.name(), self.predicted + max(timing.whatif.stragglers(self.kind).values(), default=0)
+            )
         clock = self.timeline
         if clock is not None and timing.whatif.has_jitter(self.kind):
             clock = Jittered(clock, timing, self.kind)
@@ -350,9 +353,7 @@ class Engine:
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
-        self.core = Core(
-            done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer
-        )
+        self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
 
     def _book_timer(self, when: float, book: Book, pair: int) -> None:
         self.call_at(when, lambda: book.due(pair, self.clock()))
@@ -404,6 +405,16 @@ class Engine:
         inst = self.instances.get((group, slot))
         if inst is not None and inst.payloads.input is Input.ASKED:
             inst.on_input(mirror)
+
+    def reset(self) -> None:
+        """A new generation of the world (the default group made again): what the old one
+        left in flight is dropped; its books take no frame and fire no timer."""
+        for inst in self.instances.values():
+            if inst.book is not None:
+                inst.book.close()
+        self.instances.clear()
+        self.unposted.clear()
+        self.p2p.reset()
 
     def completed(self, inst: Instance) -> None:
         del self.instances[(inst.group.name, inst.slot)]

@@ -26,13 +26,15 @@ from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver, raise_fd_limit
 from .dialects.gloo.protocol import GLOO
 from .engine import Engine
-from .lifecycle import STALLED, Lifecycle, RunState
+from .lifecycle import STALLED, Lifecycle, RunState, StoreLost
 from .membership import Membership
 from .observer_link import ObserverLink
 from .recorder import RunRecorder
 from .release import ReleaseTiming
 from .status import StatusService
 from .watchdog import RankStalled, Watchdog
+
+STORE_LOST_GRACE_S = 10.0  # see Controller._store_failed
 
 
 class Controller:
@@ -55,6 +57,7 @@ class Controller:
             delay_models.load(cfg.delay_model, topo),
             WhatIf.from_specs(cfg.inject),
             modeled_boundary=cfg.boundary == "modeled",
+            limit_s=cfg.timeout_s,
         )
         self.watchdog = Watchdog(cfg.timeout_s)
         self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host)
@@ -91,11 +94,13 @@ class Controller:
             on_anysource=self.membership.on_anysource,
             on_step=self.recorder.on_step,
             on_dtypes=self.recorder.on_dtypes,
+            on_loaded=lambda rank: self.watchdog.expect(rank, time.monotonic()),
         )
         driver.accept_router = self.membership.may_dial_in
         driver.log = self.log
         driver.periodic = self._periodic
-        driver.on_open = engine.on_connected
+        driver.on_open = self.membership.on_pair_open
+        driver.on_close = self.membership.on_pair_closed
         self.status = StatusService(
             cfg,
             self.lifecycle,
@@ -135,7 +140,20 @@ class Controller:
         self._end_loop()
 
     def _store_failed(self, exc: BaseException) -> None:
-        """A store thread's error ends the run, unless a stop is under way (the store may go with it)."""
+        """A store thread's error ends the run, unless a stop is under way (the store may go
+        with it). A lost store whose host is real node 0's agent waits STORE_LOST_GRACE_S
+        first: that agent ends with its node, which may be the job's clean end (a script
+        that exits without a collective), and the launcher's stop says so."""
+        if self.lifecycle.state is RunState.STOPPING:
+            return
+        if isinstance(exc, StoreLost):
+            self.log(f"{exc}; the run ends in {STORE_LOST_GRACE_S:g} s unless the launcher stops it first")
+            later = lambda: self._store_failed_now(exc)  # noqa: E731
+            self.driver.call_soon(lambda: self.driver.call_at(time.monotonic() + STORE_LOST_GRACE_S, later))
+            return
+        self.fail(exc)
+
+    def _store_failed_now(self, exc: BaseException) -> None:
         if self.lifecycle.state is not RunState.STOPPING:
             self.fail(exc)
 

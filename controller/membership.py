@@ -11,6 +11,7 @@ its own and never touches a pair: pairs open in the loop (`call_soon`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -28,6 +29,7 @@ from .outcomes import ProtocolError
 from .rendezvous import EmulatedAgents, emulated_records, group_key, open_store, publish_records, store_client
 from .watchdog import Watchdog
 
+REJOIN_POLL_S = 0.1  # how often a store thread looks for the record of a rank that left the default group
 LAZY_DIAL_ALL = 256  # lazy mode: in groups this small the controller dials every emulated peer up front
 
 
@@ -92,6 +94,14 @@ class Membership:
         self._next_seq = world**2
         self.conns: dict[tuple[str, int, int], Conn] = {}
         self.store = None
+        # The default group's generations: a real rank that destroys it and inits again, or
+        # whose process torchrun restarts (--max-restarts), publishes a new record at the
+        # same key; the first rank to do so starts a new generation of the whole world.
+        self._records: dict[int, bytes] = {}  # each real member's record, as last read
+        self._open: dict[int, int] = {}  # real member -> its open default-group pairs
+        self._left: set[int] = set()  # real members whose default-group pairs all closed
+        self._generation_of: dict[int, int] = {}
+        self.generation = 0
 
     # -- pairs ------------------------------------------------------------------------------
     def open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
@@ -140,6 +150,63 @@ class Membership:
                     f"{host}: in lazy mode the controller must dial; use --gloo-host with a larger address"
                 )
 
+    def on_pair_open(self, conn: Conn) -> None:
+        """The driver opened a pair (loop thread): count it, then let the engine post to it."""
+        if conn.group is self.default:
+            self._open[conn.real] = self._open.get(conn.real, 0) + 1
+        self.engine.on_connected(conn)
+
+    def on_pair_closed(self, conn: Conn) -> None:
+        """A pair's socket closed (loop thread). When every default-group pair of a real
+        rank has closed, the rank left the group: it destroyed it (to init again, or for
+        good) or its process ended (torchrun may start it again). Its pairs are forgotten,
+        the watchdog no longer waits for it, and a store thread looks for its next record."""
+        if conn.group is not self.default or self.conns.get((conn.group.name, conn.real, conn.emu)) is not conn:
+            return
+        r = conn.real
+        self._open[r] = self._open.get(r, 1) - 1
+        if self._open[r] > 0 or r in self._left:
+            return
+        self._left.add(r)
+        rank = self.default.global_rank(r)
+        for key in list(self.conns):  # its pairs in every group it was in
+            group = self.groups.get(key[0])
+            if group is None or group.global_rank(key[1]) == rank:
+                del self.conns[key]
+        self.watchdog.leave(rank)
+        self.log(f"real rank {rank} left the default process group (its pairs closed)")
+        threading.Thread(target=self._await_rejoin, args=(r,), name=f"rejoin-{rank}", daemon=True).start()
+
+    def _await_rejoin(self, r: int) -> None:
+        """A store thread: wait for real rank r's next record of the default group."""
+        try:
+            store = store_client(self.cfg)
+            key, last = group_key("0", r), self._records.get(r)
+            while self.driver.running:
+                if store.check([key]):
+                    raw = bytes(store.get(key))
+                    if raw != last:
+                        rec = RankRecord.decode(raw, self.default.world)
+                        self.driver.call_soon(lambda raw=raw, rec=rec: self._rejoin(r, raw, rec))
+                        return
+                time.sleep(REJOIN_POLL_S)
+        except BaseException as exc:  # noqa: BLE001
+            if self.driver.running:
+                self._on_error(self._store_lost(exc))
+
+    def _rejoin(self, r: int, raw: bytes, rec: RankRecord) -> None:
+        """Real rank r joined the default group again (loop thread). The first of a new
+        generation to do so resets what the old one left: instances in flight, later groups."""
+        gen = self._generation_of[r] = self._generation_of.get(r, 0) + 1
+        if gen > self.generation:
+            self.generation = gen
+            self.engine.reset()
+            self.groups = {"0": self.default}
+        self._records[r] = raw
+        self._left.discard(r)
+        self.log(f"real rank {self.default.global_rank(r)} joined the default process group again (generation {gen})")
+        self.connect_real_rank(self.default, r, rec)
+
     # -- what the observers report (loop thread) ------------------------------------------
     def on_group(self, name: str, ranks: list[int]) -> None:
         """A real rank's observer reports a group it joins: stand in for its emulated
@@ -181,9 +248,17 @@ class Membership:
             agents.assign_ranks_if_node0_emulated()
             self.log("emulated agents joined")
             self._on_joined()
+            self.driver.call_soon(self._expect_members)
             self._await_records(store, self.default)
         except BaseException as exc:  # noqa: BLE001
             self._on_error(self._store_lost(exc))
+
+    def _expect_members(self) -> None:
+        """The emulated ranks are in init_process_group now: they wait for each real rank's
+        record as long as a real peer would (the watchdog's timeout)."""
+        now = self.clock()
+        for g in self.default.real.sorted:
+            self.watchdog.expect(self.default.global_rank(g), now)
 
     def _setup_group(self, group: Group) -> None:
         try:
@@ -201,7 +276,10 @@ class Membership:
             while not store_wait(store, key):  # wakes now and then to see whether the run still goes
                 if not self.driver.running:
                     return
-            rec = RankRecord.decode(store.get(key), group.world)
+            raw = bytes(store.get(key))
+            rec = RankRecord.decode(raw, group.world)
+            if group is self.default:
+                self._records[g] = raw
             self.log(f"real rank {group.global_rank(g)} published its record for group {group.name!r}")
             self.driver.call_soon(lambda g=g, rec=rec: self.connect_real_rank(group, g, rec))
 

@@ -43,7 +43,7 @@ class Question(NamedTuple):
 
 
 class ObserverLink:
-    """`on_group`, `on_anysource`, `on_step`, `on_dtypes`: where the observers' reports go
+    """`on_group`, `on_anysource`, `on_step`, `on_dtypes`, `on_loaded`: where the observers' reports go
     (ObserverHub's hooks of those names); `register`, `unregister`, `call_at`: the loop's."""
 
     def __init__(
@@ -58,6 +58,7 @@ class ObserverLink:
         on_anysource: Callable[[int, str, int, int], None],
         on_step: Callable[[int, float], None],
         on_dtypes: Callable[[list[list]], None],
+        on_loaded: Callable[[int], None] = lambda rank: None,
     ) -> None:
         self.engine = engine
         self.secret = secrets.token_hex(32)  # an observer's hello carries it (the ready file has it)
@@ -69,6 +70,7 @@ class ObserverLink:
         self.hub.on_anysource = on_anysource
         self.hub.on_step = on_step
         self.hub.on_dtypes = on_dtypes
+        self.hub.on_loaded = on_loaded
         self._questions: dict[int, Question] = {}
         self._qid = 0
 

@@ -37,6 +37,7 @@ FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "step": (("t", (int, float)),),
     "dtypes": (("dtypes", list),),
     "q": (("q", int),),
+    "loaded": (("loaded", str),),
 }
 OPTIONAL = {"numel": int, "dtype": str, "root": int, "data": str, "op": str, "splits": list}  # in replies
 
@@ -67,6 +68,7 @@ class ObserverHub:
         self._strangers: dict[socket.socket, str] = {}  # connected, no hello yet: their address
         self._line_max: dict[int, int] = {}  # a rank's line limit, once raised past PEER_LINE_MAX
         self.on_step: Callable[[int, float], None] | None = None  # (real rank, time) of an optimizer step
+        self.on_loaded: Callable[[int], None] | None = None  # a real rank's torch.distributed loaded
         self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
         self.on_lost: Callable[[int], None] | None = None
@@ -167,7 +169,7 @@ class ObserverHub:
             raise ObserverError(
                 f"the observer of real rank {rank} sent a line that is not a JSON object ({why}): {bytes(line[:80])!r}"
             )
-        key = next((k for k in ("hello", "group", "anysource", "step", "dtypes", "q") if k in msg), None)
+        key = next((k for k in ("hello", "group", "anysource", "step", "dtypes", "loaded", "q") if k in msg), None)
         if key is None or key == "hello":  # a repeated hello, or a message of a later observer: nothing to do
             return
         for name, kind in FIELDS[key]:
@@ -184,6 +186,9 @@ class ObserverHub:
         elif key == "step":
             if self.on_step:
                 self.on_step(rank, msg["t"])
+        elif key == "loaded":
+            if self.on_loaded:
+                self.on_loaded(rank)
         elif key == "dtypes":
             if not all(isinstance(d, list) and list(map(type, d)) == [str, int, str] for d in msg["dtypes"]):
                 self._malformed(rank, key, "dtypes", msg)

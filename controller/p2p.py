@@ -42,6 +42,14 @@ class PointToPoint:
         self.pending: dict[tuple[Conn, int], deque[tuple[int, float]]] = {}  # real sends awaiting data
         self.announced: dict[tuple[Conn, int], int] = {}  # our send notices awaiting a receive
         self.any_turn: dict[tuple[str, int, int], int] = {}  # (group, real, tag) -> receives answered
+        self.generation = 0  # of the world (`reset`)
+
+    def reset(self) -> None:
+        """A new generation: the old one's messages are gone with its pairs."""
+        self.pending.clear()
+        self.announced.clear()
+        self.any_turn.clear()
+        self.generation += 1  # releases the old one timed are dropped when due
 
     def answer_any_source(self, group: Group, r: int, tag: int, nbytes: int) -> None:
         """Real group rank r posted a receive from any source: the next emulated member in
@@ -85,8 +93,9 @@ class PointToPoint:
             return
         g = conn.group
         delay = timing.message(Kind.SEND, g.global_rank(conn.emu), g.global_rank(conn.real), n)
-        release = posted + delay
-        self.call_at(release, lambda: self._send(conn, slot, n, posted, delay, release))
+        timing.within_limit(f"a {n}-byte message from emulated rank {g.global_rank(conn.emu)}", delay)
+        release, gen = posted + delay, self.generation
+        self.call_at(release, lambda: gen == self.generation and self._send(conn, slot, n, posted, delay, release))
 
     def _send(
         self, conn: Conn, slot: int, n: int, posted: float, predicted: float, release: float | None = None

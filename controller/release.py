@@ -10,9 +10,12 @@ real rank's pace (DESIGN.md, "Timing semantics").
 
 from __future__ import annotations
 
+import math
+
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
 
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Entry, Timeline, timeline_for
@@ -20,9 +23,17 @@ from neuronabox.schedules.timing import Entry, Timeline, timeline_for
 LATENESS_SAMPLES = 200_000
 
 
+class BeyondTimeout(NeuronaBoxError, RuntimeError):
+    """The delay model holds a message longer than the run's timeout: the real ranks would
+    wait past it, and the watchdog would blame them for a stall the emulator made."""
+
+
 class ReleaseTiming:
-    def __init__(self, model, whatif: WhatIf | None = None, modeled_boundary: bool = True) -> None:
+    def __init__(
+        self, model, whatif: WhatIf | None = None, modeled_boundary: bool = True, limit_s: float = math.inf
+    ) -> None:
         self.model = model
+        self.limit_s = limit_s  # a live run's timeout: no modeled time may reach it
         self.whatif = whatif or WhatIf()
         self.modeled = modeled_boundary
         self.work: HostWork = getattr(model, "local_work", HostWork())  # a plugin may not say
@@ -60,6 +71,16 @@ class ReleaseTiming:
             return 0.0
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         return schedule.rank_time(hop, rank, schedule.edge_work(self.work)) + self.whatif.entry_delay(kind)
+
+    def within_limit(self, what: str, seconds: float) -> float:
+        """`seconds`, the model's time for `what`, if it is below the run's timeout."""
+        if not seconds < self.limit_s:  # NaN too
+            whatif = ", ".join(self.whatif.specs()) or "none"
+            raise BeyondTimeout(
+                f"the delay model gives {what} {seconds:g} s, not less than --timeout ({self.limit_s:g} s): "
+                f"the run cannot go on (model {self.model.name}, what-if now: {whatif})"
+            )
+        return seconds
 
     def message(self, kind: Kind, src: int, dst: int, nbytes: int) -> float:
         """One point-to-point message under the model, what-if modifiers included: its

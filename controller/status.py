@@ -101,7 +101,7 @@ class StatusService:
         see them. Raises WhatIfError on a bad spec."""
         mods = [] if clear else list(self.timing.whatif.mods)
         added = WhatIf.from_specs(specs)
-        added.check(self.cfg.world_size, self.cfg.real_ranks)  # as the launcher checks --inject
+        added.check(self.cfg.world_size, self.cfg.real_ranks, self.cfg.timeout_s)  # as the launcher checks --inject
         mods += added.mods
         self.timing.set_whatif(WhatIf(mods))
         self.log(f"what-if now: {', '.join(m.spec for m in mods) or 'none'}")

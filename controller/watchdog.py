@@ -38,12 +38,29 @@ class Progress:
 
 
 class Watchdog:
+    """Two kinds of wait: a rank not yet in the default group (`expect`: the emulated
+    peers wait for its record, as real peers wait in init_process_group, for the
+    timeout), and a rank in it (`watch`: it must keep moving). A rank that leaves the
+    group (`leave`: it destroyed it, or its process ended) is watched no more."""
+
     def __init__(self, timeout_s: float) -> None:
         self.timeout = timeout_s
         self.ranks: dict[int, Progress] = {}  # only ranks whose pairs are open are watched
+        self.joining: dict[int, float] = {}  # rank -> since when the emulated peers wait for its record
+
+    def expect(self, rank: int, now: float) -> None:
+        """The emulated peers entered init_process_group at `now` and wait for this rank's
+        record (a later call, e.g. when the rank's torch.distributed has loaded, moves the start)."""
+        if rank not in self.ranks:
+            self.joining[rank] = max(self.joining.get(rank, now), now)
 
     def watch(self, rank: int, now: float) -> None:
+        self.joining.pop(rank, None)
         self.ranks.setdefault(rank, Progress(now))
+
+    def leave(self, rank: int) -> None:
+        self.ranks.pop(rank, None)
+        self.joining.pop(rank, None)
 
     def touch(self, rank: int, when: float, finished: str = "") -> None:
         p = self.ranks.get(rank)
@@ -60,6 +77,12 @@ class Watchdog:
         for inst in in_flight:
             for rank, last in inst.real_ranks_entered().items():
                 entered.setdefault(rank, []).append((last, inst))
+        late = [r for r, since in sorted(self.joining.items()) if now - since > self.timeout]
+        if late:
+            return (
+                f"real rank {late[0]} did not join the default process group within {self.timeout:g} s "
+                "(it never called init_process_group; --timeout sets the limit)"
+            )
         stalled = [
             rank
             for rank, p in sorted(self.ranks.items())

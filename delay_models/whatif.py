@@ -28,6 +28,13 @@ class WhatIfError(NeuronaBoxError, ValueError):
     """A modifier spec that cannot be used; the message says which part."""
 
 
+# The ranges of a modifier's numbers. A link a million times slower or faster than the
+# model's is a different network (a topology file says that better), and a message held
+# a day is a stalled run: past these the model's times overflow or never come.
+MAX_ADDED_S = 86400.0
+BANDWIDTH_FACTORS = (1e-6, 1e6)
+
+
 @dataclass(frozen=True)
 class Modifier:
     what: str  # latency | bandwidth | jitter | straggler
@@ -44,9 +51,12 @@ class Modifier:
 
 def _seconds(text: str, field: str) -> float:
     try:
-        return parse_latency(text, field)
+        value = parse_latency(text, field)
     except ValueError as exc:
         raise WhatIfError(str(exc)) from None
+    if not value <= MAX_ADDED_S:
+        raise WhatIfError(f"{field} is at most {MAX_ADDED_S:g} s, got {text!r}")
+    return value
 
 
 def parse(spec: str) -> Modifier:
@@ -80,6 +90,9 @@ def parse(spec: str) -> Modifier:
             factor = 0.0
         if not (math.isfinite(factor) and factor > 0):
             raise WhatIfError(f"{spec!r}: bandwidth takes a positive factor such as x0.5, got {raw!r}")
+        low, high = BANDWIDTH_FACTORS
+        if not low <= factor <= high:
+            raise WhatIfError(f"{spec!r}: a bandwidth factor is between x{low:g} and x{high:g}, got {raw!r}")
         return Modifier("bandwidth", factor, op=op, spec=spec)
     if what == "jitter":
         try:
@@ -109,12 +122,17 @@ class WhatIf:
     def specs(self) -> list[str]:
         return [m.spec for m in self.mods]
 
-    def check(self, world: int, real_ranks: list[int]) -> None:
+    def check(self, world: int, real_ranks: list[int], timeout_s: float | None = None) -> None:
         """Refuse what no run of `world` ranks with these real ranks can do: a straggler that
-        is not an emulated rank of the world. The launcher, a live `inject` and the
-        simulation all ask here, so they refuse alike."""
+        is not an emulated rank of the world; in a live run (`timeout_s`, the watchdog's),
+        a time added to one message or collective that reaches the timeout, which would
+        hold a real rank until the watchdog blames it. The launcher, a live `inject` and
+        the simulation all ask here, so they refuse alike."""
         real = set(real_ranks)
         for m in self.mods:
+            if timeout_s is not None and m.what != "bandwidth" and m.value >= timeout_s:
+                raise WhatIfError(f"{m.spec!r}: adds {m.value:g} s, not less than the run's --timeout "
+                                  f"({timeout_s:g} s): every real rank would wait past it")  # fmt: skip
             if m.what == "straggler" and not (0 <= m.rank < world and m.rank not in real):
                 raise WhatIfError(f"{m.spec!r}: a straggler must be an emulated rank of the world "
                                   f"(0..{world - 1}, not real rank{'s' if len(real) > 1 else ''} "

@@ -261,9 +261,38 @@ def test_whatif_specs():
         ("straggler=rank:5", "needs delay"),
         ("loss=1%", "unknown modifier"),
         ("latency=1ms,op=all_to_all", "op must be one of"),
+        ("bandwidth=x1e-300", "between x1e-06 and x1e\\+06"),  # the model's times would overflow
+        ("bandwidth=x1e7", "between"),
+        ("latency=+100000s", "at most 86400 s"),
+        ("straggler=rank:1,delay=2d", "delay"),
     ]:
         with pytest.raises(WhatIfError, match=why):
             parse(bad)
+
+
+def test_a_whatif_that_reaches_the_runs_timeout_is_refused():
+    """In a live run a real rank would wait past the watchdog's limit, which would then
+    blame it for a stall the emulator made; the simulation (no timeout) takes it."""
+    for spec in ("latency=+30s", "latency=+30s,per=collective", "jitter=31s", "straggler=rank:1,delay=40s"):
+        with pytest.raises(WhatIfError, match="not less than the run's --timeout \\(30 s\\)"):
+            WhatIf.from_specs([spec]).check(4, [0], timeout_s=30)
+        WhatIf.from_specs([spec]).check(4, [0])
+    WhatIf.from_specs(["latency=+29s", "bandwidth=x1e-6"]).check(4, [0], timeout_s=30)
+
+
+def test_a_modeled_time_past_the_timeout_is_an_error_not_a_stall():
+    """Modifiers each below the timeout can add up past it: the instance is refused when
+    it is priced, naming the model and the modifiers, instead of held for good."""
+    from neuronabox.controller.release import BeyondTimeout
+
+    topo = load_topology("cpu-25gbe").with_nodes(4, 1)
+    timing = ReleaseTiming(load_model("alpha-beta", topo), WhatIf.from_specs(["latency=+1s"] * 2), limit_s=5)
+    sched = RingAllreduce(RingGeometry.for_tensor(4, 4 << 20, 4))
+    t = timing.predicted("allreduce", 4 << 20, sched, 0)
+    assert t > 5
+    with pytest.raises(BeyondTimeout, match="not less than --timeout \\(5 s\\).*latency=\\+1s, latency=\\+1s"):
+        timing.within_limit("allreduce #0", t)
+    assert ReleaseTiming(load_model("alpha-beta", topo)).within_limit("allreduce #0", 1e6) == 1e6
 
 
 def test_the_native_ring_timeline_refuses_what_is_not_a_ring():

@@ -152,3 +152,13 @@ def test_single_message_instance_released_at_once(tmp_path):
     bcasts = [r for r in load_trace(trace)["instances"] if r["kind"] == "broadcast"]
     assert len(bcasts) == 3 + 3  # warm-ups and repetitions, each completed once
     assert all(r["boundary_messages"] == 1 for r in bcasts)
+
+
+def test_a_modeled_delay_past_the_timeout_ends_the_run_at_once():
+    """Two modifiers, each below --timeout, add up past it on a two-hop ring: the first
+    allreduce is refused when priced, not held until the watchdog blames the real rank."""
+    res = nbx("torchrun", "--nnodes", "2", "--timeout", "5", "--inject", "latency=+2s", "--inject", "latency=+2s",
+              str(ROOT / "tests" / "scripts" / "collectives.py"), "--sizes", "1024", timeout=120)  # fmt: skip
+    assert res.rc == 1, res.err[-2000:]
+    assert "the delay model gives allreduce #0 of group '0'" in res.last_error
+    assert "not less than --timeout (5 s)" in res.last_error and "made no progress" not in res.err

@@ -88,6 +88,9 @@ def _wrap(c10d) -> None:
         return helper(group_size, group_rank, global_ranks_in_group, backend, store, group_name, *a, **k)
 
     c10d._new_process_group_helper = reporting_helper
+    # torch.distributed is loaded: the script can call init_process_group now, and the
+    # controller's wait for this rank's record (the watchdog's) starts from here.
+    _send({"loaded": "torch.distributed"})
     irecv = c10d.irecv
 
     def reporting_irecv(tensor, src=None, group=None, tag=0, group_src=None):

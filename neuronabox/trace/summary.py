@@ -23,9 +23,14 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         f"  boundary msgs   {reply.boundary_messages}   controller CPU {reply.cpu_s:.2f} s",
         f"  network         {header.get('delay_model', '?')} on {header.get('topology', '?')}"
         f" ({header.get('boundary', 'modeled')} boundary)" + "".join(f"  +{s}" for s in inject),
-        "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
-        "   algbw    busbw (GB/s, nccl-tests' definitions)",
     ]
+    if not reply.kinds:  # a script that ended before its first collective
+        lines.append("  collectives     none")
+    else:
+        lines.append(
+            "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
+            "   algbw    busbw (GB/s, nccl-tests' definitions)"
+        )
     for k in reply.kinds:
         mean = k.seconds / k.count if k.count else 0.0
         model = k.predicted_s / k.count if k.count else 0.0

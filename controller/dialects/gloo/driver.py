@@ -80,7 +80,7 @@ class Poller:
 
 
 class _Sock:
-    __slots__ = ("sock", "fd", "conn", "seq_needed", "inbuf", "peer")
+    __slots__ = ("sock", "fd", "conn", "seq_needed", "inbuf", "peer", "seq")
 
     def __init__(self, sock: socket.socket, conn: Conn | None, peer: str = "") -> None:
         self.sock = sock
@@ -89,6 +89,7 @@ class _Sock:
         self.seq_needed = conn is None  # accepted sockets start with the dialer's seq
         self.inbuf = b""
         self.peer = peer  # an accepted socket's remote address, for the log
+        self.seq: int | None = None  # an accepted pair's sequence number, taken while it is open
 
 
 def _label(conn: Conn) -> str:
@@ -122,6 +123,7 @@ class GlooDriver:
         self.running = True
         self.error: BaseException | None = None
         self.on_open: Callable[[Conn], None] | None = None
+        self.on_close: Callable[[Conn], None] | None = None  # a pair's socket closed (the loop's own stop aside)
         self.periodic: Callable[[], None] | None = None
         self._next_periodic = 0.0
         self._dirty: list[_Sock] = []
@@ -232,9 +234,13 @@ class GlooDriver:
         except OSError:
             pass
         entry.sock.close()
+        if entry.seq is not None:  # the pair is gone: a rank that joins again dials with the same number
+            self._taken.discard(entry.seq)
         if entry.conn is not None and self.socks.get(entry.conn) is entry:
             del self.socks[entry.conn]
             entry.conn.pair.fd = -1
+            if self.on_close is not None and self.running:
+                self.on_close(entry.conn)
 
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
@@ -366,6 +372,7 @@ class GlooDriver:
 
     def _open_accepted(self, entry: _Sock, seq: int, conn: Conn) -> None:
         self._taken.add(seq)
+        entry.seq = seq
         entry.conn = conn
         self.socks[conn] = entry
         conn.pair.fd = entry.fd
