@@ -21,6 +21,7 @@ import time
 from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
+from neuronabox.limits import read_bounded
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver, raise_fd_limit
@@ -221,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m neuronabox.controller.main CONFIG_JSON", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        cfg = ControllerConfig.loads(f.read())
+    cfg = ControllerConfig.loads(read_bounded(argv[0], 64 << 20, "controller configuration").decode())
     profile = os.environ.get("NEURONABOX_PROFILE")
     if profile:  # developer aid: cProfile the controller into this file
         import cProfile

@@ -6,18 +6,30 @@ the watchdog's evidence that a real rank moves.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from neuronabox.topology import Topology
 
 from neuronabox import topology
-from neuronabox.trace.records import RunTotals, TraceWriter
+from neuronabox.trace.records import RunTotals, TraceBusy, TraceWriter
 
 from .config import ControllerConfig
 from .groups import Group
 from .outcomes import InstanceRecord
 from .release import ReleaseTiming
 from .watchdog import Watchdog
+
+
+def open_trace(path: str, header: dict, offset: float) -> TraceWriter:
+    """The run's trace, locked for the whole run. Another run holding it (it took the
+    file after the launcher looked) ends this controller at start, in one line the
+    launcher reports, before the other run's trace is touched."""
+    try:
+        return TraceWriter(path, header, offset)
+    except TraceBusy:
+        print(f"neuronabox controller: error: --trace {path} is being written by another run", file=sys.stderr)
+        raise SystemExit(3) from None  # the status of an error (main.py)
 
 
 class RunRecorder:
@@ -47,7 +59,7 @@ class RunRecorder:
         # One reading of both clocks: the trace's monotonic times map to epoch time through it.
         self.clock_anchor = {"monotonic": clock(), "epoch": epoch()}
         offset = self.clock_anchor["epoch"] - self.clock_anchor["monotonic"]  # the trace's clock is epoch
-        self.trace = TraceWriter(cfg.trace_file, self._header(), offset) if cfg.trace_file else None
+        self.trace = open_trace(cfg.trace_file, self._header(), offset) if cfg.trace_file else None
 
     def on_record(self, rec: InstanceRecord) -> None:
         """A finished instance: into the totals and the trace on disk, and then forgotten."""

@@ -13,6 +13,8 @@ import struct
 import time
 from datetime import timedelta
 
+from neuronabox.store import bound_store
+
 from .config import ControllerConfig
 from .dialects.gloo.wire import Address, RankRecord
 
@@ -63,31 +65,8 @@ def open_store(cfg: ControllerConfig):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-    # TCPStore's own server listens on every interface; it takes a bound socket instead,
-    # so the store is reachable at the run's address (--master-addr) only.
-    sock = store_listener(cfg.master_addr, cfg.master_port)
-    try:
-        store = dist.TCPStore(
-            cfg.master_addr,
-            cfg.master_port,
-            world_size=cfg.nnodes,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timeout,
-            multi_tenant=True,
-            master_listen_fd=sock.fileno(),
-        )
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store's server owns the descriptor now, and closes it
-    return store
-
-
-def store_listener(host: str, port: int) -> socket.socket:
-    """A listening socket on `host`:`port` (IPv4 or IPv6, as `host` resolves) for the store."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family, backlog=1024)
+    # TCPStore's own server listens on every interface; ours, on the run's address only.
+    return bound_store(cfg.master_addr, cfg.master_port, timeout, world_size=cfg.nnodes)
 
 
 STORE_VALIDATE, STORE_ADD = 0, 4  # c10d::detail::QueryType

@@ -12,6 +12,12 @@ from pathlib import Path
 # without bound before anything useful runs (16384 ranks simulate in seconds; NCCL's
 # own worlds reach tens of thousands).
 MAX_WORLD = 1 << 18
+# The most ranks that really run. Each is a process of its own that imports torch (a few
+# hundred MB and seconds of CPU), and each is listed in every real rank's
+# NEURONABOX_REAL_RANKS. A big host runs a few hundred ranks; 1024 leaves room past that
+# and keeps the list under 8 KiB (Linux refuses one variable past 128 KiB: 100000 real
+# ranks failed with "Argument list too long" after the controller had started).
+MAX_REAL_RANKS = 1024
 
 
 def check_world(nnodes: int, nproc_per_node: int) -> str | None:
@@ -21,6 +27,36 @@ def check_world(nnodes: int, nproc_per_node: int) -> str | None:
     if nnodes * nproc_per_node > MAX_WORLD:
         return f"a world of {nnodes * nproc_per_node} ranks is past the largest the tool runs ({MAX_WORLD})"
     return None
+
+
+def check_real_ranks(count: int) -> str | None:
+    """Why starting `count` real ranks is refused, or None."""
+    if count > MAX_REAL_RANKS:
+        return (
+            f"{count} real ranks is past the most the tool starts ({MAX_REAL_RANKS}, each a process of its own); "
+            "give fewer with --nproc-per-node, --real-nodes or --real-ranks"
+        )
+    return None
+
+
+def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> bytes:
+    """A whole file of at most `limit` bytes, or ValueError naming it: a file the user
+    names may be a device or a log that grew without bound, and reading it whole would
+    grow this process with it. Every whole-file read of the tool goes through here
+    (tests/test_rules.py walks the code for any that does not)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path}: larger than {limit} bytes, too large for a {what}")
+    return data
+
+
+def read_tail(path: str | os.PathLike, limit: int) -> bytes:
+    """The last `limit` bytes of a file (a log's end says why it ended)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - limit))
+        return f.read(limit)
 
 
 def output_problem(target: str | os.PathLike) -> str | None:

@@ -1,9 +1,15 @@
 """The Python API: `neuronabox.launch` runs a job in-process and returns its result
 (a notebook or a sweep script reads numbers, not stdout)."""
 
+import json
+import os
+import subprocess
+import sys
+import uuid
+
 import psutil
 import pytest
-from conftest import EXAMPLE, SCRIPTS
+from conftest import EXAMPLE, ROOT, SCRIPTS, tagged_processes
 
 import neuronabox
 from neuronabox.launcher.run import LaunchError
@@ -40,6 +46,42 @@ def test_launch_raises_the_cause(tmp_path):
             str(SCRIPTS / "collectives.py"), "--crash-at", "0", nnodes=2, output=tmp_path / "log"
         )  # fmt: skip
     no_children_left()
+
+
+# Runs in a fresh interpreter, which is no subreaper to begin with: launch a job whose rank 0
+# leaves a daemon, then say what became of the daemon and whether this is a subreaper still.
+AFTER_LAUNCH = """
+import ctypes, json, sys
+import psutil
+import neuronabox
+script, pid_file, log = sys.argv[1:]
+neuronabox.launch(script, "--pid-file", pid_file, nnodes=2, output=log)
+flag = ctypes.c_int(-1)
+ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+try:
+    daemon = psutil.Process(int(open(pid_file).read())).status()
+except psutil.NoSuchProcess:
+    daemon = "gone"
+print(json.dumps({"subreaper": flag.value, "daemon": daemon}))
+"""
+
+
+def test_a_rank_s_daemon_ends_with_the_run_and_the_caller_is_no_subreaper_after(tmp_path):
+    """A daemon a real rank starts (forked twice, so outside its process tree) is stopped
+    and reaped with the run, not left running nor a zombie of the caller; and a caller
+    that was no subreaper is none after the run (a notebook kernel must not go on
+    collecting every orphan of its other children)."""
+    pid_file, tag = tmp_path / "daemon.pid", uuid.uuid4().hex
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", AFTER_LAUNCH, str(SCRIPTS / "daemon.py"), str(pid_file), str(tmp_path / "log")],
+            capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, NEURONABOX_TEST_TAG=tag),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.splitlines()[-1]) == {"subreaper": 0, "daemon": "gone"}
+    finally:
+        for p in tagged_processes(tag):  # a daemon the run failed to stop must not outlive the test
+            p.kill()
 
 
 def test_options_become_flags():

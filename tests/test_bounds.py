@@ -3,14 +3,20 @@ that would overwrite an input, and worlds out of range end in one line and exit 
 seconds, before anything grows or starts (issue "Reliability under faults and bad input")."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE
+from conftest import EXAMPLE, SCRIPTS, Live
 from test_cli_input import usage_error
 
-from neuronabox.limits import MAX_WORLD
-from neuronabox.trace.records import FORMAT, MAX_LINE_BYTES, VERSION
+import neuronabox
+from neuronabox.launcher.api import job_of
+from neuronabox.launcher.torchrun_args import UsageError
+from neuronabox.limits import MAX_REAL_RANKS, MAX_WORLD
+from neuronabox.trace.records import FORMAT, MAX_LINE_BYTES, VERSION, TraceBusy, TraceWriter, being_written, load
+
+WAITER = str(SCRIPTS / "allreduce_then_wait.py")  # one allreduce, then waits for the file it is given
 
 
 def minimal_trace(path: Path, nnodes: int = 4) -> Path:
@@ -205,3 +211,111 @@ def test_the_straggler_check_is_one_rule():
     with pytest.raises(WhatIfError, match="a straggler must be an emulated rank of the world"):
         WhatIf.from_specs(["straggler=rank:2,delay=1ms"]).check(8, [0, 2])
     WhatIf.from_specs(["straggler=rank:3,delay=1ms"]).check(8, [0, 2])
+
+
+def real_ranks_refused(count: int) -> str:
+    return (f"{count} real ranks is past the most the tool starts ({MAX_REAL_RANKS}, each a process of its own); "
+            "give fewer with --nproc-per-node, --real-nodes or --real-ranks")  # fmt: skip
+
+
+def test_more_real_ranks_than_the_bound_are_refused_before_anything_starts(run):
+    cause = usage_error(run("torchrun", "--nnodes", "2", "--nproc-per-node", "100000", EXAMPLE, timeout=60))
+    assert cause == real_ranks_refused(100000)
+
+
+def test_the_real_rank_bound_is_one_rule_for_whole_nodes_and_single_ranks():
+    with pytest.raises(UsageError) as nodes:
+        job_of(EXAMPLE, nnodes=4, nproc_per_node=512, real_nodes="0,1,2")
+    assert str(nodes.value) == real_ranks_refused(1536)
+    ranks = ",".join(map(str, range(0, 2 * (MAX_REAL_RANKS + 1), 2)))  # one of each node's two: started directly
+    with pytest.raises(UsageError) as direct:
+        job_of(EXAMPLE, nnodes=MAX_REAL_RANKS + 1, nproc_per_node=2, real_ranks=ranks)
+    assert str(direct.value) == real_ranks_refused(MAX_REAL_RANKS + 1)
+    assert len(job_of(EXAMPLE, nnodes=2, nproc_per_node=MAX_REAL_RANKS).real_ranks) == MAX_REAL_RANKS
+
+
+@pytest.mark.parametrize(("flag", "cause"), [
+    ("--bogus-flag", "unknown flag --bogus-flag: neither torchrun's nor neuronabox's"),
+    ("--nproc", "unknown flag --nproc: neither torchrun's nor neuronabox's; did you mean --nproc-per-node?"),
+    ("--delay_model", "unknown flag --delay_model: neither torchrun's nor neuronabox's; did you mean --delay-model?"),
+])  # fmt: skip
+def test_an_unknown_flag_is_refused_before_anything_starts(run, flag, cause):
+    assert usage_error(run("torchrun", "--nnodes", "2", flag, "1", EXAMPLE, timeout=60)) == cause
+
+
+def test_the_api_refuses_an_unknown_option_as_a_usage_error():
+    with pytest.raises(UsageError, match="^unknown flag --bogus-flag: neither torchrun's nor neuronabox's$"):
+        neuronabox.launch(EXAMPLE, nnodes=2, bogus_flag=1)
+
+
+def test_every_flag_of_this_torchrun_is_known_to_the_launcher():
+    """The launcher refuses a flag it does not know without importing torch (seconds):
+    its list is held here to the parser of the torch installed."""
+    from torch.distributed.run import get_args_parser
+
+    from neuronabox.launcher.torchrun_args import REFUSED, parse
+
+    for action in get_args_parser()._actions:
+        for flag in action.option_strings:
+            if flag in ("-h", "--help") or flag in REFUSED:  # --standalone, --node-rank: refused with a reason
+                continue
+            value = [] if action.nargs == 0 else ["1"]
+            parse([flag, *value, "x.py"], environ={})  # no UsageError
+
+
+def test_the_trace_has_one_writer_at_a_time(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    first = TraceWriter(path, {"world_size": 2})
+    assert being_written(path)
+    with pytest.raises(TraceBusy):
+        TraceWriter(path, {"world_size": 3})
+    first.close({"state": "stopped"})
+    assert not being_written(path)
+    assert path.read_text().count("\n") == 2 and '"world_size":2' in path.read_text()  # the first writer's, whole
+
+
+def test_a_run_refuses_a_trace_another_run_is_writing(run, tmp_path):
+    go, trace = tmp_path / "go", tmp_path / "shared.jsonl"
+    first = Live("torchrun", "--nnodes", "2", "--no-observer", "--trace", str(trace), WAITER, str(go))
+    try:
+        deadline = time.monotonic() + 60
+        while not trace.exists() and first.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the first run's controller has opened (and locked) its trace
+        second = run("torchrun", "--nnodes", "2", "--trace", str(trace), WAITER, WAITER, timeout=60)
+        assert usage_error(second) == f"--trace {trace} is being written by another run"
+        go.touch()
+        assert first.finish(timeout=60) == 0, first.err[-2000:]
+    finally:
+        go.touch()
+        first.stop()
+    doc = load(trace)  # the first run's, whole
+    assert doc["complete"] and doc["stopped_because"] == "job finished" and len(doc["instances"]) == 1
+
+
+def test_a_trace_taken_after_the_launcher_looked_ends_the_run_at_its_start(tmp_path):
+    """The launcher's look and the controller's lock are seconds apart: a run that takes
+    the trace in between keeps it whole, and this one stops before its ranks start."""
+    import shutil
+
+    from neuronabox.launcher.run import LaunchError, Run
+
+    trace = tmp_path / "shared.jsonl"
+    job = job_of(WAITER, str(tmp_path), nnodes=2, trace=str(trace))
+    other = TraceWriter(trace, {"world_size": 9})  # the other run, between the look and the start
+    run = Run(job)
+    try:
+        with pytest.raises(LaunchError, match=f"^controller exited at start: --trace {trace} is being written by"):
+            run.execute()
+        assert not run.torchruns
+    finally:
+        run.cleanup()
+        shutil.rmtree(run.dir, ignore_errors=True)
+        other.close({"state": "stopped"})
+    assert load(trace)["world_size"] == 9
+
+
+def test_the_api_refuses_an_output_in_a_missing_folder_before_anything_starts(tmp_path):
+    out = tmp_path / "missing" / "ranks.log"
+    with pytest.raises(UsageError) as exc:
+        neuronabox.launch(EXAMPLE, nnodes=2, output=out)
+    assert str(exc.value) == f"output {out}: no folder '{out.parent}' to write into"

@@ -12,6 +12,7 @@ import psutil
 from conftest import EXAMPLE, ROOT, SCRIPTS, Live, tagged_processes
 
 COLLECTIVES = str(SCRIPTS / "collectives.py")
+CRASHER = str(SCRIPTS / "crasher.py")
 
 
 def test_real_node_outside_the_world(run):
@@ -57,11 +58,30 @@ def test_a_real_rank_that_crashes_mid_run(run, tmp_path):
     res = run("torchrun", "--nnodes", "8", "--trace", str(trace), COLLECTIVES, "--repeat", "5", "--crash-at", "2",
               "--sizes", "1024")  # fmt: skip
     assert res.rc == 1
-    assert "process exited with status" in res.last_error
+    # the worker's own status (17), not torchrun's (1), and where it ran
+    assert res.last_error == "neuronabox: error: the job failed on real node 0: rank 0's process exited with status 17"
     from neuronabox.trace.records import ends
 
     _, footer = ends(trace)  # the trace says the run did not end as a success does
-    assert footer["stopped_because"] == "a real node failed: its process exited with status 1", footer
+    assert footer["stopped_because"] == "real node 0 failed: rank 0's process exited with status 17", footer
+
+
+def test_the_first_real_node_to_fail_is_named_and_said_last(run, tmp_path):
+    """Rank 1 (node 1) is killed; rank 0 (node 0, first in the list) fails or is stopped
+    after it. The cause named is node 1's, with the signal, and our lines come after
+    everything torchrun prints (node 0's agent prints a traceback as it is stopped)."""
+    trace = tmp_path / "trace.jsonl"
+    res = run("torchrun", "--nnodes", "3", "--real-nodes", "0,1", "--trace", str(trace), CRASHER, "--rank", "1",
+              "--kill", "9", timeout=120)  # fmt: skip
+    assert res.rc == 1
+    what = "rank 1's process was killed by signal 9 (SIGKILL)"
+    last = res.err.strip().splitlines()[-2:]
+    assert last[0] == f"neuronabox: error: the job failed on real node 1: {what}", res.err[-2000:]
+    assert last[1].startswith("neuronabox: the run's logs are in ")
+    from neuronabox.trace.records import ends
+
+    _, footer = ends(trace)
+    assert footer["stopped_because"] == f"real node 1 failed: {what}"
 
 
 def live_status() -> str:

@@ -53,18 +53,20 @@ def sha256_record_form(path: Path) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_every_collective_dtype_and_size_is_exact_on_the_real_libnccl(ranks: int) -> None:
-    proc = run_rig("--ranks", str(ranks))
+# Two ranks climb the whole ladder (16 MiB takes many chunks and FIFO turns); four stop
+# at 1 MiB, which still spans several chunks per rank, for a third of the time.
+@pytest.mark.parametrize("ranks, top", [(2, 16 << 20), (4, 1 << 20)])
+def test_every_collective_dtype_and_size_is_exact_on_the_real_libnccl(ranks: int, top: int) -> None:
+    proc = run_rig("--ranks", str(ranks), "--sizes", f"1K-{top >> 10}K")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert f"NCCL 2.28.9 (as ncclGetVersion reports), {ranks} ranks" in out
     cases = re.findall(r"^(\w+)\s+(\w+)\s+(\S+)\s+(\d+) B\s+[\d.]+ ms\s+(.+)$", out, re.M)
     expected = {(c, d, o, str(s)) for c in COLLS for d in ("float32", "float16", "bfloat16")
                 for o in (("sum", "max", "min") if d == "float32" else ("sum",)) if c in ("allreduce", "reduce_scatter")
-                for s in SIZES}  # fmt: skip
+                for s in SIZES if s <= top}  # fmt: skip
     expected |= {(c, d, "-", str(s)) for c in ("allgather", "broadcast") for d in ("float32", "float16", "bfloat16")
-                 for s in SIZES}  # fmt: skip
+                 for s in SIZES if s <= top}  # fmt: skip
     assert {case[:4] for case in cases} == expected
     assert all(case[4] == "ok" for case in cases), [c for c in cases if c[4] != "ok"]
     assert f"{len(expected)} cases, 0 wrong" in out

@@ -13,6 +13,9 @@ def test_a_rank_hung_in_compute_ends_the_run(run):
     assert res.rc == 1, res.err[-2000:]
     assert "real rank 0 made no progress for 3 s" in res.last_error
     assert "its last collective was barrier #0 of group '0'" in res.last_error
+    # said last: after torchrun's traceback as it is stopped, not above it
+    last = res.err.strip().splitlines()[-2:]
+    assert last[0] == res.last_error and last[1].startswith("neuronabox: the run's logs are in "), res.err[-2000:]
 
 
 def test_the_rank_that_holds_a_collective_up_is_named(run):

@@ -174,6 +174,9 @@ def as_spec(topo: Topology) -> dict:
     return spec
 
 
+MAX_TOPOLOGY_BYTES = 4 << 20  # a topology file names links and counts: a few KiB
+
+
 def load(name_or_file: str) -> Topology:
     """A preset by name, or a YAML file by path."""
     if name_or_file in PRESETS:
@@ -183,10 +186,16 @@ def load(name_or_file: str) -> Topology:
         raise TopologyError(f"no preset or file named {name_or_file!r} (presets: {', '.join(sorted(PRESETS))})")
     if path.is_dir():
         raise TopologyError(f"{path}: a folder, not a topology file (a preset name or a YAML file)")
+    if not path.is_file():
+        raise TopologyError(f"{path}: not a regular file (a preset name or a YAML file)")
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOPOLOGY_BYTES + 1)
+        if len(raw) > MAX_TOPOLOGY_BYTES:
+            raise TopologyError(f"{path}: larger than {MAX_TOPOLOGY_BYTES >> 20} MiB, not a topology file")
+        doc = yaml.safe_load(raw.decode())
     except (OSError, UnicodeDecodeError) as exc:
         raise TopologyError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     except yaml.YAMLError as exc:

@@ -117,6 +117,7 @@ def main(argv: list[str]) -> int:
     run = Run(job)
     become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    last: list[str] = []  # said once the run is stopped, after torchrun's own last words
     try:
         result = run.execute()
         print(result.summary, flush=True)
@@ -126,15 +127,24 @@ def main(argv: list[str]) -> int:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
-        print(f"neuronabox: error: {exc}", file=sys.stderr)
-        print(f"neuronabox: the run's logs are in {run.dir}", file=sys.stderr)
+        last = [f"neuronabox: error: {exc}", f"neuronabox: the run's logs are in {run.dir}"]
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         kept = f" (its logs: {run.dir})" if run.dir.is_dir() else ""
-        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); stopping the run{kept}", file=sys.stderr)
+        last = [f"neuronabox: interrupted ({signal.Signals(signum).name}); the run is stopped{kept}"]
         return 128 + signum
     finally:
         run.cleanup()
         for s, h in old.items():
             signal.signal(s, h)
+        _say(last)
+
+
+def _say(lines: list[str]) -> None:
+    """The launcher's last lines, on stderr; a closed terminal (SIGHUP) takes them silently."""
+    try:
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.limits import read_bounded
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 NETNS_DIR = Path("/var/run/netns")  # where `ip netns add` pins a namespace
@@ -212,7 +213,7 @@ def _remove_cgroup(root: Path) -> None:
         if (child / "cgroup.procs").exists():
             _remove_cgroup(child)
     try:
-        for pid in (root / "cgroup.procs").read_text().split():
+        for pid in read_bounded(root / "cgroup.procs", 1 << 20, "cgroup's task list").decode().split():
             try:
                 (root.parent / "cgroup.procs").write_text(pid)
             except OSError:

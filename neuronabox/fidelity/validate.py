@@ -35,8 +35,10 @@ from neuronabox.fidelity.testbed import (
 )
 from neuronabox.launcher.reaping import Family
 from neuronabox.launcher.torchrun_args import UsageError, index_list, int_flag, parse, without_pet
+from neuronabox.limits import read_tail
 from neuronabox.trace import records as tracefile
 
+LOG_TAIL_BYTES = 1 << 20  # the iteration line comes at a rank's end
 ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
 RUN_TIMEOUT_S = 900
 # netns: the nodes' quotas add up to this share of the machine. The rest is for the
@@ -218,7 +220,7 @@ class Runner:
 
 def iteration_ms(logs: list[Path], rank: int) -> float:
     for log in logs:
-        for line in log.read_text(errors="replace").splitlines():
+        for line in read_tail(log, LOG_TAIL_BYTES).decode(errors="replace").splitlines():
             m = ITERATION.match(line)
             if m and int(m.group(1)) == rank:
                 return float(m.group(2))

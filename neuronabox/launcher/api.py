@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from neuronabox.launcher.job import Job, job_from_args
-from neuronabox.launcher.reaping import become_subreaper
+from neuronabox.launcher.reaping import subreaper
 from neuronabox.launcher.result import KindStats, RunResult
 from neuronabox.launcher.run import Run
 from neuronabox.launcher.torchrun_args import parse
@@ -78,9 +78,15 @@ def run_argv(argv: list[str], output: str | os.PathLike | None = None) -> RunRes
 
 def run_job(job: Job) -> RunResult:
     """Run a Job in this process and return its result; everything it started is stopped
-    on the way out, and on success only the trace is left of the run's folder."""
+    on the way out, and on success only the trace is left of the run's folder. This
+    process is a subreaper for the run (its ranks' orphans come here, to be stopped with
+    it) and is again what it was before once the run is cleaned up."""
+    with subreaper():
+        return _run(job)
+
+
+def _run(job: Job) -> RunResult:
     run = Run(job)
-    become_subreaper()
     ok = False
     try:
         result = run.execute()

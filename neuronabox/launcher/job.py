@@ -34,8 +34,10 @@ from neuronabox.launcher.torchrun_args import (
     master_endpoint,
     port_number,
 )
-from neuronabox.limits import check_world, output_problem
+from neuronabox.limits import check_real_ranks, check_world, output_problem, read_bounded
+from neuronabox.trace.records import being_written
 
+MAX_SCRIPT_BYTES = 64 << 20  # compiled here to catch a syntax error before anything starts
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
 DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
 # torchrun flags the launcher gives each real node itself, from the Job: not passed through.
@@ -111,6 +113,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         raise UsageError(refused)
     world = nnodes * nproc
     real_nodes, direct_ranks = _real_ranks(args, nnodes, nproc)
+    refused = check_real_ranks(len(real_nodes) * nproc + len(direct_ranks))
+    if refused:
+        raise UsageError(refused)
     data = args.ours.get("--data", "zeros")
     if data not in ("zeros", "mirror"):
         raise UsageError(f"--data is zeros or mirror, got {data!r}")
@@ -132,7 +137,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     if boundary not in ("modeled", "real"):
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
     inject = tuple(args.repeated.get("--inject", []))
-    _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks))
+    _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
     placement = _placement(args.ours.get("--placement"), set(real_nodes) | {r // nproc for r in direct_ranks})
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
@@ -140,6 +145,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     if trace:
         check_writable("--trace", trace)
         check_not_the_script("--trace", trace, args)
+        check_not_being_written("--trace", trace)
+    if output is not None and str(output) != os.devnull:  # the ranks' output is only appended to: a sink will do
+        check_writable("output", str(output))
     check_port_free(master_addr, master_port)
     if nccl is not None:
         check_nccl(nccl, dict(os.environ))
@@ -227,9 +235,9 @@ def _timeout(raw: str | None) -> float:
     return value
 
 
-def _check_inject(specs: tuple[str, ...], world: int, real_ranks: list[int]) -> None:
+def _check_inject(specs: tuple[str, ...], world: int, real_ranks: list[int], timeout_s: float) -> None:
     try:
-        WhatIf.from_specs(list(specs)).check(world, real_ranks)
+        WhatIf.from_specs(list(specs)).check(world, real_ranks, timeout_s)
     except WhatIfError as exc:
         raise UsageError(f"--inject {exc}") from None
 
@@ -240,7 +248,7 @@ def _placement(path: str | None, nodes: set[int]) -> Placement | None:
     if path is None:
         return None
     try:
-        placement = Placement.loads(Path(path).read_text())
+        placement = Placement.loads(read_bounded(path, 1 << 20, "placement file").decode())
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--placement {path}: not a placement file ({exc})") from None
     missing = sorted(nodes - set(placement.nodes))
@@ -294,11 +302,14 @@ def check_script(args: LaunchArgs) -> None:
     elif not path.is_file():
         raise UsageError(f"no script {target!r} to run")
     try:
-        source = path.read_bytes()
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":  # a zip application: python runs its __main__
+                return
+        source = read_bounded(path, MAX_SCRIPT_BYTES, "Python script")
     except OSError as exc:
         raise UsageError(f"cannot read {target}: {exc.strerror}") from None
-    if source[:4] == b"PK\x03\x04":  # a zip application: python runs its __main__
-        return
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -324,6 +335,13 @@ def check_not_the_script(flag: str, target: str, args: LaunchArgs) -> None:
     for named in args.script:
         if Path(named).exists() and Path(named).resolve() == out:
             raise UsageError(f"{flag} {target} is {named}, which the run reads; choose another file")
+
+
+def check_not_being_written(flag: str, target: str) -> None:
+    """Two runs writing one trace would interleave it: the controller holds the trace's
+    lock for the whole run (`records.TraceWriter`), so a locked trace is another run's."""
+    if being_written(target):
+        raise UsageError(f"{flag} {target} is being written by another run")
 
 
 def check_port_free(addr: str, port: int) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import random
 import socket
-from pathlib import Path
+
+from neuronabox.limits import read_bounded
 
 STORE_PORTS = (20000, 32768)  # below Linux's default ephemeral range
 
@@ -15,7 +16,7 @@ STORE_PORTS = (20000, 32768)  # below Linux's default ephemeral range
 def ephemeral_range() -> tuple[int, int]:
     """The ports the kernel hands out to outgoing connections (Linux's, else its default)."""
     try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        low, high = read_bounded("/proc/sys/net/ipv4/ip_local_port_range", 64).split()
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999

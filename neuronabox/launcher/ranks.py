@@ -9,15 +9,22 @@ import os
 import sys
 from pathlib import Path
 
+from neuronabox import store
 from neuronabox.launcher.job import Job
+from neuronabox.launcher.reaping import RUN_MARK
 from neuronabox.launcher.torchrun_args import without_pet
 
-OBSERVER_DIR = Path(__file__).resolve().parents[1] / "observer"
+# Where the real nodes' one start-up hook is (sitecustomize: node 0's store, the observer).
+SITE_DIR = Path(__file__).resolve().parents[1] / "observer"
 
 
-def ranks_env(job: Job, observer_addr: str, observer_secret: str = "") -> dict[str, str]:
-    """The environment of every real rank's process (torchrun's, or a direct rank's base)."""
+def ranks_env(job: Job, observer_addr: str, observer_secret: str = "", mark: str = "") -> dict[str, str]:
+    """The environment of every real rank's process (torchrun's, or a direct rank's base).
+    `mark` is the run's: whatever these processes start inherits it, which is how the
+    launcher finds their daemons at the end (`reaping.stop_marked`)."""
     env = without_pet(os.environ)  # read into the Job; torchrun would take them over our flags
+    if mark:
+        env[RUN_MARK] = mark
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, job.real_ranks))
     env["NEURONABOX_WORLD_SIZE"] = str(job.world_size)
@@ -31,7 +38,10 @@ def ranks_env(job: Job, observer_addr: str, observer_secret: str = "") -> dict[s
         env["NEURONABOX_DATA"] = job.data
         # The observer reads recent entries only; a dump of 64 costs ~0.5 ms, of 1024 ~18 ms.
         env.setdefault("TORCH_FR_BUFFER_SIZE", "64")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVER_DIR), env.get("PYTHONPATH")]))
+    if 0 in job.real_nodes:  # node 0's torchrun hosts the store: on the run's address only
+        env.update(store.agent_env(job.master_addr, job.master_port))
+    if job.observer or 0 in job.real_nodes:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), env.get("PYTHONPATH")]))
     return env
 
 
@@ -44,7 +54,7 @@ def node_command(job: Job, node: int) -> list[str]:
         "torch.distributed.run",
         f"--nnodes={job.nnodes}",
         f"--nproc-per-node={job.nproc_per_node}",
-        f"--node-rank={node}",
+        f"--node-rank={node}",  # before the script: node 0's is `store.NODE0`
         f"--master-addr={job.master_addr}",
         f"--master-port={job.master_port}",
         "--rdzv-backend=static",

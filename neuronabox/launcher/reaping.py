@@ -8,7 +8,10 @@ Three mechanisms, each for a path the others miss:
   of its own, so a worker whose agent is killed outright is reparented to the
   launcher, not to init, and is found among the launcher's descendants;
 - each child dies with the launcher (a parent-death signal), for the path
-  where the launcher itself is killed outright and runs no cleanup.
+  where the launcher itself is killed outright and runs no cleanup;
+- every process a real rank starts carries the run's mark in its environment
+  (`RUN_MARK`), so one that left the real ranks' process tree (a daemon that
+  forked twice and was reparented here) is still found and stopped at the end.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psutil
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+RUN_MARK = "NEURONABOX_RUN"  # in the environment of every real rank's process: the run's folder
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -31,6 +37,24 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def become_subreaper() -> bool:
     """Orphans among this process's descendants are reparented to it (Linux >= 3.4)."""
     return _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    return _libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0
+
+
+@contextmanager
+def subreaper() -> Iterator[bool]:
+    """This process is a subreaper inside the block (yields whether it could be), and
+    what it was before afterwards: a notebook kernel that ran a job must not go on
+    collecting every orphan of its other children."""
+    was = is_subreaper()
+    try:
+        yield become_subreaper()
+    finally:
+        if not was:
+            _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def die_with_parent(sig: int = signal.SIGTERM, then: Callable[[], None] | None = None) -> Callable[[], None]:
@@ -106,6 +130,40 @@ class Family:
                 p.send_signal(sig)
             except psutil.Error:
                 pass
+
+
+def marked_descendants(mark: str) -> list[psutil.Process]:
+    """This process's descendants whose environment carries `RUN_MARK=mark` (those of
+    other users, or gone meanwhile, are passed over)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.environ().get(RUN_MARK) == mark:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop_marked(mark: str, grace: float, hurry: Callable[[], bool] = lambda: False) -> None:
+    """Stop what a run's real ranks started and left outside their process tree (a
+    daemon reparented to this subreaper): SIGTERM, SIGKILL after `grace` seconds (at
+    once when `hurry()` turns true), and reap those that became this process's children."""
+    procs = marked_descendants(mark) if mark else []
+    _send(procs, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while procs and time.monotonic() < deadline and not hurry():
+        _, procs = psutil.wait_procs(procs, timeout=0.05)  # reaps our children among them
+    _send(procs, signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=5)
+
+
+def _send(procs: list[psutil.Process], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
 
 
 def _running(p: psutil.Process) -> bool:

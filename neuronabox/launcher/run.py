@@ -23,15 +23,18 @@ from neuronabox.errors import NeuronaBoxError
 from neuronabox.fidelity.testbed import Host
 from neuronabox.launcher import registry
 from neuronabox.launcher.job import Job
+from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
-from neuronabox.launcher.reaping import Family, die_with_parent
+from neuronabox.launcher.reaping import Family, die_with_parent, stop_marked
 from neuronabox.launcher.result import RunResult, result_of
+from neuronabox.limits import read_bounded, read_tail
 from neuronabox.trace import records as tracefile
 
 READY_TIMEOUT_S = 120
 CONTROLLER_STALLED = 4  # the controller's exit status when its watchdog ended the run
 CONTROLLER_STORE_LOST = 5  # ... when the store a real node's agent hosts went away
 MIN_TORCH = (2, 2)
+OUTPUT_EOF_S = 3.0  # at the end, how long to wait for the real nodes' stderr to close
 
 
 class LaunchError(NeuronaBoxError, RuntimeError):
@@ -79,11 +82,18 @@ class Run:
         self.dir = Path(tempfile.mkdtemp(prefix="neuronabox-"))
         self.controller: subprocess.Popen | None = None
         self.torchruns: list[subprocess.Popen] = []
+        self.nodes: list[NodeOutput] = []  # each real node's process with its stderr, as it came
         self.ranks, self.control = Family(), Family()  # the real ranks' processes; the controller
         self.hurry = False  # a second interrupt while stopping: kill at once
         self.shutdown_error = ""  # why the final status did not come, when it did not
         self.control_token = ""  # what the control service asks of every call
         self.control_addr = ""
+
+    @property
+    def mark(self) -> str:
+        """The run's mark (`reaping.RUN_MARK`) in its real ranks' environment: its folder,
+        which names the run to whoever finds a stray process of it."""
+        return str(self.dir)
 
     @property
     def trace_path(self) -> str:
@@ -137,7 +147,7 @@ class Run:
             if time.monotonic() > deadline:
                 raise LaunchError("controller did not become ready")
             time.sleep(0.05)
-        info = json.loads(ready.read_text())
+        info = json.loads(read_bounded(ready, 1 << 16, "ready file"))
         self.control_addr = info["control"]
         self.control_token = info["control_token"]
         entry = {"control": self.control_addr, "pid": os.getpid(), "dir": str(self.dir), "token": self.control_token}
@@ -146,7 +156,7 @@ class Run:
 
     def controller_cause(self) -> str:
         try:
-            lines = (self.dir / "controller.log").read_text().strip().splitlines()
+            lines = read_tail(self.dir / "controller.log", 1 << 16).decode(errors="replace").strip().splitlines()
         except OSError:
             lines = []
         errs = [ln for ln in lines if "error:" in ln]
@@ -161,33 +171,44 @@ class Run:
         """A stock torchrun for each real node, and each real rank started directly."""
         job = self.job
         for node in job.real_nodes:
-            self.torchruns.append(self.spawn(job.host_of(node), node_command(job, node), env))
+            self.torchruns.append(self.spawn(job.host_of(node), node_command(job, node), env, node))
         for rank in job.direct_ranks:
             node = rank // job.nproc_per_node
-            self.torchruns.append(self.spawn(job.host_of(node), worker_command(job), direct_env(job, env, rank)))
+            cmd = worker_command(job)
+            self.torchruns.append(self.spawn(job.host_of(node), cmd, direct_env(job, env, rank), node, rank))
 
-    def spawn(self, host: Host, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        """A real node's process, on its testbed host when there is one."""
+    def spawn(
+        self, host: Host, cmd: list[str], env: dict[str, str], node: int, rank: int | None = None
+    ) -> subprocess.Popen:
+        """A real node's process, on its testbed host when there is one. Its stdout goes
+        straight to the run's output; its stderr comes through the launcher on its way
+        there (`NodeOutput`), which reads how the node failed."""
         enter = None
         if self.job.placement is not None:
             env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
             enter = host.preexec()
         output = self.job.output
         out = open(output, "a") if output is not None else None  # noqa: SIM115 - the child holds it
+        sink = stderr_sink(output)
         try:
-            return self.ranks.add(
+            proc = self.ranks.add(
                 subprocess.Popen(
                     cmd,
                     env=env,
                     preexec_fn=die_with_parent(then=enter),
                     start_new_session=True,
                     stdout=out,
-                    stderr=subprocess.STDOUT if out is not None else None,
+                    stderr=subprocess.PIPE,
                 )
             )
+        except BaseException:
+            sink.close()
+            raise
         finally:
             if out is not None:
                 out.close()
+        self.nodes.append(NodeOutput(proc, node, sink, rank))
+        return proc
 
     # -- the run ------------------------------------------------------------------------
     def execute(self) -> RunResult:
@@ -195,24 +216,23 @@ class Run:
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
         info = self.start_controller()
-        self.start_ranks(ranks_env(self.job, info["observer"], info["observer_secret"]))
+        self.start_ranks(ranks_env(self.job, info["observer"], info["observer_secret"], mark=self.mark))
         while True:
             if self.controller.poll() is not None:
                 status = self.controller.returncode
                 if status != CONTROLLER_STALLED:  # a hung rank would not fail
                     self.let_real_ranks_fail()
-                failed = [c for c in (p.poll() for p in self.torchruns) if c not in (None, 0)]
-                if status == CONTROLLER_STORE_LOST and failed:  # the node's own exit is the cause
-                    raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
+                first = first_failure(self.nodes) if status == CONTROLLER_STORE_LOST else None
+                if first is not None:  # the node's own failure is the cause
+                    raise LaunchError(f"the job failed on real node {first.node}: {first.what()}")
                 raise LaunchError(f"controller failed: {self.controller_cause()}")
-            codes = [p.poll() for p in self.torchruns]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                reply = self.shutdown(f"a real node failed: its process exited with status {failed[0]}")
+            first = first_failure(self.nodes)
+            if first is not None:
+                reply = self.shutdown(f"real node {first.node} failed: {first.what()}")
                 if reply is not None and reply.error:
-                    raise LaunchError(f"{reply.error} (a real node's process exited with status {failed[0]})")
-                raise LaunchError(f"the job failed on a real node: its process exited with status {failed[0]}")
-            if all(c == 0 for c in codes):
+                    raise LaunchError(f"{reply.error} (real node {first.node}: {first.what()})")
+                raise LaunchError(f"the job failed on real node {first.node}: {first.what()}")
+            if all(p.poll() == 0 for p in self.torchruns):
                 break
             self.ranks.refresh()  # a worker torchrun started is known before its agent can die
             time.sleep(0.1)
@@ -239,6 +259,13 @@ class Run:
             except subprocess.TimeoutExpired:
                 return
 
+    def await_output(self, timeout: float) -> None:
+        """Until every real node's stderr is at EOF, `timeout` at most: a process the run
+        could not stop may hold a pipe open."""
+        deadline = time.monotonic() + timeout
+        for n in self.nodes:
+            n.at_eof(deadline - time.monotonic())
+
     def shutdown(self, reason: str):
         if self.controller is None or self.controller.poll() is not None or not self.control_addr:
             return None
@@ -255,14 +282,18 @@ class Run:
 
     def cleanup(self, handle_signals: bool = True) -> None:
         """Stop every process the run started: the real ranks first (their agents stop
-        their workers), then the controller. A second interrupt meanwhile kills at once
+        their workers), then what they started outside their tree, then the controller;
+        then wait (bounded) for the real nodes' stderr to end, so what the caller says
+        next comes after their last words. A second interrupt meanwhile kills at once
         (`handle_signals` False: from a thread other than the main one, which cannot)."""
         hurry = lambda *_: setattr(self, "hurry", True)  # noqa: E731
         sigs = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         old = {s: signal.signal(s, hurry) for s in sigs}
         try:
             self.ranks.stop(grace=5.0, hurry=lambda: self.hurry)
+            stop_marked(self.mark, grace=5.0, hurry=lambda: self.hurry)
             self.control.stop(grace=10.0, hurry=lambda: self.hurry)
+            self.await_output(OUTPUT_EOF_S)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)

@@ -3,16 +3,27 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from neuronabox.errors import NeuronaBoxError
 
-# torchrun flags that take no value; every other flag takes one.
+# torchrun flags that take no value.
 TORCHRUN_SWITCHES = {
     "--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
     "--virtual-local-rank", "--virtual_local_rank",
+}  # fmt: skip
+# torchrun flags that take one (torch.distributed.run's parser, torch 2.2 to 2.13), as the
+# launcher passes them on, with dashes; torchrun takes each with underscores as well. Any
+# other flag is refused here: torchrun would refuse it only after the controller started.
+TORCHRUN_FLAGS = {
+    "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+    "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler", "--role", "--log-dir",
+    "-r", "--redirects", "-t", "--tee", "--local-ranks-filter", "--duplicate-stdout-filters",
+    "--duplicate-stderr-filters", "--node-rank", "--master-addr", "--master-port", "--local-addr", "--logs-specs",
+    "--numa-binding", "--signals-to-handle", "--shutdown-timeout",
 }  # fmt: skip
 OURS = {
     "--real-nodes",
@@ -104,7 +115,7 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchAr
         if not tok.startswith("-"):
             out.script = argv[i:]
             break
-        flag, eq, value = tok.partition("=")
+        flag, eq, value = _split(tok)
         if flag in REFUSED:
             raise UsageError(REFUSED[flag])
         if flag in OUR_SWITCHES:
@@ -112,17 +123,18 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchAr
         elif flag in TORCHRUN_SWITCHES:
             out.torchrun.append((flag, None))
         else:
+            name = flag if flag in OURS or flag in OURS_REPEATED else _torchrun_flag(flag)
             if not eq:
                 i += 1
                 if i >= len(argv):
                     raise UsageError(f"{flag} needs a value")
                 value = argv[i]
-            if flag in OURS_REPEATED:
-                out.repeated.setdefault(flag, []).append(value)
-            elif flag in OURS:
-                out.ours[flag] = value
+            if name in OURS_REPEATED:
+                out.repeated.setdefault(name, []).append(value)
+            elif name in OURS:
+                out.ours[name] = value
             else:
-                out.torchrun.append((flag.replace("_", "-") if flag.startswith("--") else flag, value))
+                out.torchrun.append((name, value))
         i += 1
     if out.help:
         return out
@@ -130,6 +142,26 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchAr
         raise UsageError("no training script given")
     _pet_defaults(out, os.environ if environ is None else environ)
     return out
+
+
+def _split(tok: str) -> tuple[str, str, str]:
+    """(flag, "=" or "", value) of one token: `--flag=value`, `--flag`, and torchrun's
+    short flags with the value attached (`-r3`, as argparse takes them)."""
+    if tok[:2] in ("-r", "-t") and len(tok) > 2 and tok[2] != "=":
+        return tok[:2], "=", tok[2:]
+    return tok.partition("=")
+
+
+def _torchrun_flag(flag: str) -> str:
+    """A torchrun flag that takes a value, as passed on (dashes), or UsageError naming
+    the nearest flag there is: a typo, an abbreviation, a flag of another torch."""
+    name = flag.replace("_", "-") if flag.startswith("--") else flag
+    if name in TORCHRUN_FLAGS:
+        return name
+    known = sorted(TORCHRUN_FLAGS | TORCHRUN_SWITCHES | OURS | OURS_REPEATED | OUR_SWITCHES)
+    near = [f for f in known if f.startswith(name)] or difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise UsageError(f"unknown flag {flag}: neither torchrun's nor neuronabox's{hint}")
 
 
 def _pet_defaults(out: LaunchArgs, environ: Mapping[str, str]) -> None:

@@ -1,7 +1,15 @@
-"""Loaded by every Python process the launcher starts (PYTHONPATH); starts the
-observer only in real ranks (RANK is set) of a NeuronaBox run."""
+"""Loaded by every Python process a real node starts (PYTHONPATH): the one start-up
+hook of a NeuronaBox run, as only one sitecustomize can be on the path. Two jobs, each
+only where its variable says so: node 0's torchrun agent (no RANK yet) hosts the run's
+store on the run's address only (`neuronabox.store`); a real rank (RANK is set) starts
+the observer."""
 
 import os
+
+if os.environ.get("NEURONABOX_STORE_ADDR") and os.environ.get("RANK") is None:  # store.ADDR_ENV; no import to learn it
+    from neuronabox.store import host_in_node0_agent
+
+    host_in_node0_agent()  # on failure it says why and ends the agent: never the store on every interface
 
 if os.environ.get("NEURONABOX_OBSERVER") and os.environ.get("RANK") is not None:
     try:

@@ -19,6 +19,8 @@ that was cut off; its lines up to the cut are still good.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import heapq
 import json
 import os
@@ -47,6 +49,43 @@ SIZE_OF_DTYPE = {"Byte": 1, "Char": 1, "Bool": 1, "Short": 2, "Half": 2, "BFloat
 
 class TraceError(NeuronaBoxError, ValueError):
     """A file that is not a NeuronaBox trace."""
+
+
+class TraceBusy(NeuronaBoxError, BlockingIOError):
+    """Another writer holds the trace: two runs writing one file would interleave it."""
+
+
+def _open_locked(path: Path) -> IO[str]:
+    """`path` for writing, under an exclusive lock held until the file is closed (a run
+    holds it for its whole life). Emptied only once the lock is held, so a run that
+    finds the file busy leaves the other run's trace as it is."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TraceBusy(errno.EWOULDBLOCK, "is being written by another run", str(path)) from None
+    except OSError:  # a file system without locks: written unlocked
+        pass
+    os.ftruncate(fd, 0)
+    return os.fdopen(fd, "w", buffering=1 << 16)
+
+
+def being_written(path: str | os.PathLike) -> bool:
+    """Whether a writer holds `path`'s lock now (the launcher asks before it starts a run)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # none yet, or not ours to read: no run of ours writes it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a file system without locks: nobody can tell
+        return False
+    finally:
+        os.close(fd)  # and with it the shared lock
+    return False
 
 
 class Record(Protocol):
@@ -125,6 +164,7 @@ class GapTracker:
 
 class TraceWriter:
     """Appends the run's records to `path` as they come; buffered, flushed on `close`.
+    Holds `path`'s lock until then: a second writer gets `TraceBusy`.
     `epoch_offset`: seconds from the records' clock to epoch seconds (the controller's
     monotonic clock; 0 for a simulation, whose clock starts at 0)."""
 
@@ -134,7 +174,7 @@ class TraceWriter:
         self._groups: set[str] = set()
         self._dtyped: dict[str, int] = {}  # group -> the last tag whose dtype is written
         self._gaps = GapTracker()
-        self._f: IO[str] | None = open(self.path, "w", buffering=1 << 16)  # noqa: SIM115 - closed in close()
+        self._f: IO[str] | None = _open_locked(self.path)  # closed in close(), and the lock with it
         self._write({"format": FORMAT, "version": VERSION, "clock": "epoch_us", **header})
 
     def _us(self, t: float) -> float:
@@ -301,7 +341,7 @@ def ends(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> tuple[dict, dict
         header = json.loads(next(bounded_lines(f, path), b"{}"))
         size = f.seek(0, os.SEEK_END)
         f.seek(max(0, size - tail_bytes))
-        lines = f.read().rstrip(b"\n").rsplit(b"\n", 1)
+        lines = f.read(tail_bytes).rstrip(b"\n").rsplit(b"\n", 1)
     try:
         last = json.loads(lines[-1])
     except ValueError:

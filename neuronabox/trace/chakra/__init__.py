@@ -19,8 +19,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from neuronabox.limits import read_bounded
 from neuronabox.schedules import Kind
 from neuronabox.trace.chakra import et_pb2
+
+MAX_ET_BYTES = 1 << 30  # an execution trace of a large world's program: far below this
 
 VERSION = "0.0.4"  # the Chakra schema version these files follow
 COMM_TYPE = {
@@ -124,7 +127,7 @@ def write(prog, out: Path, name: str = "trace") -> list[Path]:
 
 def read(path: Path) -> tuple[et_pb2.GlobalMetadata, list[et_pb2.Node]]:
     """Parse an `.et` file back: its metadata and its nodes."""
-    data = Path(path).read_bytes()
+    data = read_bounded(path, MAX_ET_BYTES, "Chakra execution trace")
     pos, msgs = 0, []
     while pos < len(data):
         size = shift = 0
