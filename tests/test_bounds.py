@@ -319,3 +319,18 @@ def test_the_api_refuses_an_output_in_a_missing_folder_before_anything_starts(tm
     with pytest.raises(UsageError) as exc:
         neuronabox.launch(EXAMPLE, nnodes=2, output=out)
     assert str(exc.value) == f"output {out}: no folder '{out.parent}' to write into"
+
+
+@pytest.mark.parametrize("cmd", [("simulate", "--nnodes", "8"), ("export", "--format", "nccl-tests")])
+def test_a_trace_without_its_footer_is_used_with_a_warning(run, tmp_path, cmd):
+    """A cut-off run's trace (no footer) is still worth replaying, but not silently as if
+    it were whole; and one recorded step gives no iteration time, not '0.00 ms'."""
+    rec = minimal_trace(tmp_path / "cut.jsonl")
+    with open(rec, "a") as f:
+        f.write(json.dumps({"step": [0, 1000.0]}) + "\n")
+    res = run(cmd[0], str(rec), *cmd[1:], timeout=60)
+    assert res.rc == 0, res.err
+    assert f"neuronabox: warning: {rec} has no footer: its run was cut off" in res.err
+    assert "(0 instances, 1 optimizer steps)" in res.err
+    if cmd[0] == "simulate":
+        assert "iteration time unknown (it needs two)" in res.out and "0.00 ms" not in res.out

@@ -46,6 +46,13 @@ def main(argv: list[str]) -> int:
     except tracefile.TraceError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
+    rc = _export(ns, doc)
+    if rc == 0 and (warning := tracefile.cut_off(doc, ns.trace)):  # after the work: an error stays the last line
+        print(f"neuronabox: warning: {warning}", file=sys.stderr)
+    return rc
+
+
+def _export(ns, doc: dict) -> int:
     if ns.format == "chakra":
         return _chakra(doc, Path(ns.out) if ns.out else Path(ns.trace).with_name(Path(ns.trace).stem + "-chakra"))
     suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt"}[ns.format]

@@ -7,6 +7,7 @@ import sys
 from neuronabox.args import ArgParser
 from neuronabox.limits import output_problem
 from neuronabox.sim.simulate import SimulateError, load_trace, run_simulation
+from neuronabox.trace import records as tracefile
 
 NAME = "simulate"
 SUMMARY = "replay a recorded run's real rank at any world size, in virtual time, no process run"
@@ -47,5 +48,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # writing the simulated trace failed
         print(f"neuronabox: error: {exc.filename or ns.out}: {exc.strerror}", file=sys.stderr)
         return 1
+    if warning := tracefile.cut_off(doc, ns.trace):
+        print(f"neuronabox: warning: {warning}", file=sys.stderr)
     print(text)
     return 0

@@ -284,6 +284,9 @@ def simulate(
     steps = []
     for t in prog.steps:
         j = bisect.bisect_right(rec_ends, t) - 1
+        if not ops:  # no collective to keep an offset from: the steps keep their own spacing
+            steps.append(t - prog.steps[0])
+            continue
         steps.append(t - ops[0].start if j < 0 else ends[j][1] + (t - ops[j].end))
     gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
     iteration = statistics.median(gaps) if gaps else 0.0
@@ -420,8 +423,8 @@ def report(
         lines.append("  not replayed    " + ", ".join(f"{k} x{n}" for k, n in sorted(sim.skipped.items())))
     steps, it = totals.iteration()
     lines.append(
-        f"  optimizer steps {steps}   iteration time {it * 1e3:.2f} ms" if steps
-        else "  optimizer steps none recorded; iteration time unknown"
+        f"  optimizer steps {steps}   iteration time {it * 1e3:.2f} ms" if steps > 1
+        else f"  optimizer steps {steps or 'none'} recorded; iteration time unknown (it needs two)"
     )  # fmt: skip
     lines.append(f"  communication   {100 * sim.comm_share:.1f}% of the iterations' time in collectives")
     lines.append(f"  simulated in    {sim.wall_s:.2f} s of wall time")

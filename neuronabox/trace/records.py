@@ -333,6 +333,15 @@ def load(path: str | os.PathLike) -> dict:
     return doc
 
 
+def cut_off(doc: dict, path: str | os.PathLike) -> str | None:
+    """A warning for a trace without its footer (`load`'s `complete`): its run was cut off
+    (killed, or the trace copied mid-run), so what comes of it covers only part of the run."""
+    if doc.get("complete"):
+        return None
+    return (f"{path} has no footer: its run was cut off, and only what it recorded is used "
+            f"({len(doc.get('instances', []))} instances, {len(doc.get('steps', []))} optimizer steps)")  # fmt: skip
+
+
 def ends(path: str | os.PathLike, tail_bytes: int = 1 << 16) -> tuple[dict, dict]:
     """The header and the footer ({} when the run was cut off), without reading the
     records between them."""
