@@ -13,6 +13,7 @@ COMMANDS = {
     "torchrun": "neuronabox.cli.torchrun",
     "simulate": "neuronabox.cli.simulate",
     "whatif": "neuronabox.cli.whatif",
+    "perf": "neuronabox.cli.perf",
     "export": "neuronabox.cli.export",
     "calibrate": "neuronabox.cli.calibrate",
     "validate": "neuronabox.cli.validate",

@@ -1,0 +1,125 @@
+"""`neuronabox perf COLL`: nccl-tests' benchmark over an emulated world."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from neuronabox.args import ArgParser
+from neuronabox.errors import NeuronaBoxError
+from neuronabox.limits import check_world, output_problem
+from neuronabox.perf.ladder import PerfError, make_spec
+from neuronabox.perf.run import run_ladder
+from neuronabox.perf.table import TYPES, render
+from neuronabox.schedules import Kind
+
+NAME = "perf"
+SUMMARY = "nccl-tests' benchmark (all_reduce_perf, ...) over an emulated world, or every rank real"
+GLOO_HAS_NO = {Kind.REDUCE_SCATTER: "reduce_scatter schedule", "avg": "avg reduction"}
+
+
+def build_parser() -> ArgParser:
+    p = ArgParser(
+        prog="neuronabox perf",
+        usage="neuronabox perf COLL [-b MIN] [-e MAX] [-f F | -i STEP] [-n N] [-w N] [-c N] [-o OP] [-d TYPE] "
+        "[-r ROOT] [-J FILE] [--backend gloo|nccl] [--nnodes N] [--nproc-per-node N] [--all-real] [launch flags]",
+        description="Time COLL over a ladder of sizes as nccl-tests does, on the real ranks of an emulated world "
+        "(or with every rank real, --all-real), and print nccl-tests' table with the delay model's time per row.",
+    )
+    p.add_argument("coll", metavar="COLL", help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall "
+                   "(nccl-tests' names; all_reduce_perf too)")  # fmt: skip
+    p.add_argument("-b", "--minbytes", default="32M", help="smallest size (nccl-tests' -b; default 32M)")
+    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (-e; default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int, help="multiply the size by this (-f; default 2)")
+    p.add_argument("-i", "--stepbytes", help="add this to the size instead (-i)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, default=1, help="checked iterations per size (default 1)")
+    p.add_argument("-o", "--op", default="sum", help="sum, prod, max, min or avg (default sum)")
+    p.add_argument("-d", "--datatype", default="float", help="float, half, bfloat16, double, int32, ...")
+    p.add_argument("-r", "--root", type=int, default=0, help="the root of broadcast and reduce (default 0)")
+    p.add_argument("-J", "--output_file", help="also write the rows as JSON to this file")
+    p.add_argument("--backend", default="gloo", help="gloo or nccl (default gloo)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--nnodes", type=int, default=8, help="emulated nodes (default 8)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
+    p.add_argument("--real-ranks", help="the ranks that really run (default: node 0's)")
+    p.add_argument("--real-nodes", help="the nodes whose ranks really run")
+    p.add_argument("--all-real", action="store_true", help="every rank runs for real: the comparison baseline")
+    p.add_argument("--delay-model", help="the delay model (default alpha-beta)")
+    p.add_argument("--topology", help="a preset or topology file (default cpu-25gbe)")
+    p.add_argument("--inject", action="append", default=[], help="a what-if modifier (repeatable)")
+    p.add_argument("--data", help="zeros or mirror: what the emulated ranks contribute (default zeros)")
+    p.add_argument("--timeout", help="the watchdog's limit in seconds")
+    p.add_argument("--keep", metavar="DIR", help="keep the run's folder (spec, results, trace, ranks' output) here")
+    return p
+
+
+def refusal(ns) -> str | None:
+    """Why this request cannot run, before anything starts, or None."""
+    if ns.backend not in ("gloo", "nccl"):
+        return f"--backend is gloo or nccl, got {ns.backend!r}"
+    if ns.device not in ("cpu", "cuda"):
+        return f"--device is cpu or cuda, got {ns.device!r}"
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "--device cuda: this torch sees no CUDA device (use --device cpu)"
+    if ns.all_real and (ns.real_ranks or ns.real_nodes):
+        return "--all-real runs every rank: drop --real-ranks/--real-nodes"
+    if ns.output_file and output_problem(ns.output_file):
+        return f"-J {output_problem(ns.output_file)}"
+    return check_world(ns.nnodes, ns.nproc_per_node)
+
+
+def title_of(ns, spec, world: int) -> str:
+    if ns.all_real:
+        how = "every rank real"
+    else:
+        how = f"real ranks {ns.real_ranks}" if ns.real_ranks else f"real nodes {ns.real_nodes or '0'}"
+    model = "" if ns.all_real else f", {ns.delay_model or 'alpha-beta'} on {ns.topology or 'cpu-25gbe'}"
+    return (f"NeuronaBox perf: {spec.coll.value} over {world} ranks ({how}), {ns.backend}{model}; "
+            f"-n {spec.iters} -w {spec.warmup} -c {spec.check}")  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    world = ns.nnodes * ns.nproc_per_node if ns.nnodes > 0 and ns.nproc_per_node > 0 else 0
+    cause = refusal(ns)
+    if cause is None:
+        try:
+            spec = make_spec(ns.coll, world, minbytes=ns.minbytes, maxbytes=ns.maxbytes, factor=ns.stepfactor,
+                             step=ns.stepbytes, iters=ns.iters, warmup=ns.warmup_iters, check=ns.check, op=ns.op,
+                             dtype=ns.datatype, root=ns.root)  # fmt: skip
+        except PerfError as exc:
+            cause = str(exc)
+    if cause is None and ns.backend == "gloo":
+        missing = GLOO_HAS_NO.get(spec.coll) or GLOO_HAS_NO.get(spec.op)
+        if missing:
+            cause = f"the Gloo dialect has no {missing} (use --backend nccl)"
+    if cause is not None:
+        print(f"neuronabox: error: {cause}", file=sys.stderr)
+        return 2
+    options = {"delay_model": ns.delay_model, "topology": ns.topology, "inject": ns.inject or None,
+               "data": ns.data, "timeout": ns.timeout}  # fmt: skip
+    if ns.all_real:
+        options["real_nodes"] = ",".join(map(str, range(ns.nnodes)))
+    else:
+        options.update(real_ranks=ns.real_ranks, real_nodes=ns.real_nodes)
+    try:
+        rows = run_ladder(spec, ns.backend, ns.nnodes, ns.nproc_per_node, options,
+                          keep=Path(ns.keep) if ns.keep else None)  # fmt: skip
+    except NeuronaBoxError as exc:  # UsageError (exit 2) or LaunchError: the launcher's one line
+        print(f"neuronabox: error: {exc}", file=sys.stderr)
+        return 2 if type(exc).__name__ == "UsageError" else 1
+    print(render(rows, coll=spec.coll.value, dtype=spec.dtype, op=spec.op, root=spec.root, world=world,
+                 title=title_of(ns, spec, world)), end="")  # fmt: skip
+    if ns.output_file:
+        doc = {"collective": spec.coll.value, "world": world, "backend": ns.backend, "all_real": ns.all_real,
+               "type": TYPES.get(spec.dtype, spec.dtype), "redop": spec.op, "root": spec.root,
+               "rows": [{"size": r.bytes, "count": r.count, "time_us": r.time_s * 1e6, "wrong": r.wrong,
+                         "model_us": None if r.model_s is None else r.model_s * 1e6} for r in rows]}  # fmt: skip
+        Path(ns.output_file).write_text(json.dumps(doc, indent=1) + "\n")
+    return 1 if any(r.wrong for r in rows) else 0
