@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         p.error("--runs is at least 1")
     work = Path(tempfile.mkdtemp(prefix="nbx-load-"))
+    work.chmod(0o755)  # as a checkout is: the suite runs one check as an ordinary user
     clone = work / "clone"
     subprocess.run(["git", "clone", "-q", args.repo, str(clone)], check=True, timeout=300)
     head = subprocess.run(["git", "-C", str(clone), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
