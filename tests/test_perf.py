@@ -13,7 +13,9 @@ from neuronabox.perf.expect import expected, mirror_source
 from neuronabox.perf.ladder import PerfError, coll_of, ladder, make_spec, parse_size, whole_elements
 from neuronabox.schedules import Kind
 
-ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\S+)$", re.M)
+# size, count, type, redop, root, time, algbw, busbw, #wrong, model
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+|-)\s+(\S+)$",
+                 re.M)
 
 
 def rows(out: str) -> list[tuple]:
@@ -80,6 +82,22 @@ def test_every_checked_value_is_what_the_policy_predicts(run, tmp_path, argv):
     assert all(float(r[9]) > 0 for r in table)  # the model's time, from the run's trace
     doc = json.loads(out.read_text())
     assert doc["world"] == 8 and [r["size"] for r in doc["rows"]] == [1024, 8192, 65536]
+    if argv[0] == "all_reduce":  # the live run's model column is the simulation's, to the rounding
+        sim = run("perf", "all_reduce", "--nnodes", "8", "--simulate", "-b", "1K", "-e", "64K", "-f", "8", "-n", "3",
+                  "-w", "1", timeout=120)  # fmt: skip
+        assert sim.rc == 0, sim.err
+        assert [r[9] for r in rows(sim.out)] == [r[9] for r in table]
+
+
+def test_the_ladder_simulated_at_512_ranks_runs_no_process(run):
+    res = run("perf", "all_gather", "--nnodes", "512", "--simulate", "-b", "64K", "-e", "16M", "-f", "16",
+              timeout=120)  # fmt: skip
+    assert res.rc == 0, res.err
+    table = rows(res.out)
+    assert [int(r[0]) for r in table] == [65536, 1048576, 16777216]
+    assert all(r[8] == "-" and r[5] == r[9] for r in table)  # nothing checked; a punctual rank lives the model
+    times = [float(r[5]) for r in table]
+    assert times == sorted(times) and "rank 0 simulated, no process run" in res.out
 
 
 def test_all_real_is_the_baseline_with_no_model(run):
@@ -100,6 +118,7 @@ def test_all_real_is_the_baseline_with_no_model(run):
         (("reduce_scatter",), "the Gloo dialect has no reduce_scatter schedule"),
         (("all_reduce", "-r", "9"), "-r names rank 9, outside the world of 8 ranks"),
         (("all_reduce", "--all-real", "--real-ranks", "1"), "--all-real runs every rank"),
+        (("reduce", "--simulate"), "--simulate does not replay reduce yet"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(run, argv, cause):

@@ -11,6 +11,7 @@ from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import check_world, output_problem
 from neuronabox.perf.ladder import PerfError, make_spec
 from neuronabox.perf.run import run_ladder
+from neuronabox.perf.simulated import simulate_ladder
 from neuronabox.perf.table import TYPES, render
 from neuronabox.schedules import Kind
 
@@ -47,6 +48,7 @@ def build_parser() -> ArgParser:
     p.add_argument("--real-ranks", help="the ranks that really run (default: node 0's)")
     p.add_argument("--real-nodes", help="the nodes whose ranks really run")
     p.add_argument("--all-real", action="store_true", help="every rank runs for real: the comparison baseline")
+    p.add_argument("--simulate", action="store_true", help="the same ladder in virtual time, no process run")
     p.add_argument("--delay-model", help="the delay model (default alpha-beta)")
     p.add_argument("--topology", help="a preset or topology file (default cpu-25gbe)")
     p.add_argument("--inject", action="append", default=[], help="a what-if modifier (repeatable)")
@@ -69,13 +71,17 @@ def refusal(ns) -> str | None:
             return "--device cuda: this torch sees no CUDA device (use --device cpu)"
     if ns.all_real and (ns.real_ranks or ns.real_nodes):
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
+    if ns.simulate and (ns.all_real or ns.backend != "gloo" or ns.data):
+        return "--simulate replays the Gloo ladder with no process: drop --all-real, --backend and --data"
     if ns.output_file and output_problem(ns.output_file):
         return f"-J {output_problem(ns.output_file)}"
     return check_world(ns.nnodes, ns.nproc_per_node)
 
 
 def title_of(ns, spec, world: int) -> str:
-    if ns.all_real:
+    if ns.simulate:
+        how = "rank 0 simulated, no process run"
+    elif ns.all_real:
         how = "every rank real"
     else:
         how = f"real ranks {ns.real_ranks}" if ns.real_ranks else f"real nodes {ns.real_nodes or '0'}"
@@ -109,17 +115,22 @@ def main(argv: list[str]) -> int:
     else:
         options.update(real_ranks=ns.real_ranks, real_nodes=ns.real_nodes)
     try:
-        rows = run_ladder(spec, ns.backend, ns.nnodes, ns.nproc_per_node, options,
-                          keep=Path(ns.keep) if ns.keep else None)  # fmt: skip
-    except NeuronaBoxError as exc:  # UsageError (exit 2) or LaunchError: the launcher's one line
+        if ns.simulate:
+            rows = simulate_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
+                                   delay_model=ns.delay_model, inject=ns.inject)  # fmt: skip
+        else:
+            rows = run_ladder(spec, ns.backend, ns.nnodes, ns.nproc_per_node, options,
+                              keep=Path(ns.keep) if ns.keep else None)  # fmt: skip
+    except (NeuronaBoxError, PerfError) as exc:  # UsageError, a bad simulation request: 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 2 if type(exc).__name__ == "UsageError" else 1
+        return 1 if type(exc).__name__ == "LaunchError" else 2
     print(render(rows, coll=spec.coll.value, dtype=spec.dtype, op=spec.op, root=spec.root, world=world,
                  title=title_of(ns, spec, world)), end="")  # fmt: skip
     if ns.output_file:
         doc = {"collective": spec.coll.value, "world": world, "backend": ns.backend, "all_real": ns.all_real,
-               "type": TYPES.get(spec.dtype, spec.dtype), "redop": spec.op, "root": spec.root,
+               "simulated": ns.simulate, "type": TYPES.get(spec.dtype, spec.dtype), "redop": spec.op,
+               "root": spec.root,
                "rows": [{"size": r.bytes, "count": r.count, "time_us": r.time_s * 1e6, "wrong": r.wrong,
                          "model_us": None if r.model_s is None else r.model_s * 1e6} for r in rows]}  # fmt: skip
         Path(ns.output_file).write_text(json.dumps(doc, indent=1) + "\n")
-    return 1 if any(r.wrong for r in rows) else 0
+    return 1 if any(r.wrong for r in rows if r.wrong is not None) else 0

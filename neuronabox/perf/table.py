@@ -18,7 +18,7 @@ class Row:
     bytes: int
     count: int
     time_s: float  # the real ranks' mean of the mean iteration
-    wrong: int  # over every real rank's checked outputs
+    wrong: int | None  # over every real rank's checked outputs (None: nothing checked, a simulation)
     model_s: float | None  # the delay model's mean for the timed iterations (None: all real)
 
 
@@ -40,9 +40,10 @@ def render(rows: list[Row], *, coll: str, dtype: str, op: str, root: int, world:
         model = f"{r.model_s * 1e6:>10.2f}" if r.model_s is not None else f"{'-':>10}"
         lines.append(
             f"  {r.bytes:>10} {r.count:>12} {TYPES.get(dtype, dtype):>8} {op:>6} {root if rooted else -1:>5}"
-            f" {r.time_s * 1e6:>10.2f} {alg:>7.3f} {bus:>7.3f} {r.wrong:>6} {model}"
+            f" {r.time_s * 1e6:>10.2f} {alg:>7.3f} {bus:>7.3f} {'-' if r.wrong is None else r.wrong:>6} {model}"
         )
-    wrong = sum(r.wrong for r in rows)
-    lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    if all(r.wrong is not None for r in rows):
+        wrong = sum(r.wrong for r in rows)
+        lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     lines.append(f"# Avg bus bandwidth    : {sum(busbws) / len(busbws) if busbws else 0.0:.4f}")
     return "\n".join(lines) + "\n"

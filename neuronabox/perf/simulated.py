@@ -1,0 +1,34 @@
+"""`neuronabox perf --simulate`: the same ladder in virtual time, no process run. The
+real rank's program is the worker's loop (per size, warm-up then timed calls, back to
+back), replayed through the simulation's engine (`neuronabox/sim/simulate.py`: the
+live engine, schedules and delay models, a simulated rank that answers at once), so a
+row's time is what the network alone gives a punctual rank."""
+
+from __future__ import annotations
+
+import statistics
+
+from neuronabox.perf.ladder import PerfError, PerfSpec
+from neuronabox.perf.table import Row
+from neuronabox.sim.simulate import REPLAYED, Op, Program, network_of, simulate
+
+
+def simulate_ladder(spec: PerfSpec, nnodes: int, nproc_per_node: int, *, topology: str | None = None,
+                    delay_model: str | None = None, inject: list[str] | None = None) -> list[Row]:  # fmt: skip
+    """The ladder's rows at nnodes x nproc_per_node ranks (rank 0 the simulated real one)."""
+    if spec.coll not in REPLAYED:
+        raise PerfError(f"--simulate does not replay {spec.coll.value} yet (it replays {', '.join(REPLAYED)})")
+    world = nnodes * nproc_per_node
+    timing, *_ = network_of({}, nnodes, nproc_per_node, topology, delay_model, inject or [])
+    per_size = spec.warmup + spec.iters
+    # Every call entered as the one before ends: the worker's back-to-back loop.
+    ops = [Op(spec.coll, n, spec.elem, spec.root, 0.0, 0.0, "0", world) for n in spec.sizes for _ in range(per_size)]
+    sim = simulate(Program(0, world, ops, []), world, timing)
+    rows = []
+    for i, size in enumerate(spec.sizes):
+        timed = range(i * per_size + spec.warmup, (i + 1) * per_size)
+        spans = [sim.ends[j][1] - sim.ends[j][0] for j in timed]
+        model = [sim.records[j].predicted for j in timed]
+        count = size // spec.elem
+        rows.append(Row(size, count, statistics.fmean(spans), None, statistics.fmean(model)))  # no values to check
+    return rows
