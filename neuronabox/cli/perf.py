@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
 from neuronabox.args import ArgParser
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.launcher.interrupts import Interrupted, raised_as_interrupted, signum_of
 from neuronabox.limits import check_world, output_problem
 from neuronabox.perf.ladder import PerfError, make_spec
 from neuronabox.perf.run import run_ladder
@@ -115,22 +117,33 @@ def main(argv: list[str]) -> int:
     else:
         options.update(real_ranks=ns.real_ranks, real_nodes=ns.real_nodes)
     try:
-        if ns.simulate:
-            rows = simulate_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
-                                   delay_model=ns.delay_model, inject=ns.inject)  # fmt: skip
-        else:
-            rows = run_ladder(spec, ns.backend, ns.nnodes, ns.nproc_per_node, options,
-                              keep=Path(ns.keep) if ns.keep else None)  # fmt: skip
+        with raised_as_interrupted():
+            rows = _rows(ns, spec, options)
     except (NeuronaBoxError, PerfError) as exc:  # UsageError, a bad simulation request: 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 1 if type(exc).__name__ == "LaunchError" else 2
+    except (Interrupted, KeyboardInterrupt) as exc:  # the run is stopped already (run_job's cleanup)
+        signum = signum_of(exc)
+        print(f"neuronabox: interrupted ({signal.Signals(signum).name}); the run is stopped", file=sys.stderr)
+        return 128 + signum
     print(render(rows, coll=spec.coll.value, dtype=spec.dtype, op=spec.op, root=spec.root, world=world,
                  title=title_of(ns, spec, world)), end="")  # fmt: skip
     if ns.output_file:
-        doc = {"collective": spec.coll.value, "world": world, "backend": ns.backend, "all_real": ns.all_real,
-               "simulated": ns.simulate, "type": TYPES.get(spec.dtype, spec.dtype), "redop": spec.op,
-               "root": spec.root,
-               "rows": [{"size": r.bytes, "count": r.count, "time_us": r.time_s * 1e6, "wrong": r.wrong,
-                         "model_us": None if r.model_s is None else r.model_s * 1e6} for r in rows]}  # fmt: skip
-        Path(ns.output_file).write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(ns, spec, world, rows)
     return 1 if any(r.wrong for r in rows if r.wrong is not None) else 0
+
+
+def _rows(ns, spec, options: dict) -> list:
+    if ns.simulate:
+        return simulate_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
+                               delay_model=ns.delay_model, inject=ns.inject)  # fmt: skip
+    return run_ladder(spec, ns.backend, ns.nnodes, ns.nproc_per_node, options, keep=Path(ns.keep) if ns.keep else None)
+
+
+def write_json(ns, spec, world: int, rows: list) -> None:
+    doc = {"collective": spec.coll.value, "world": world, "backend": ns.backend, "all_real": ns.all_real,
+           "simulated": ns.simulate, "type": TYPES.get(spec.dtype, spec.dtype), "redop": spec.op,
+           "root": spec.root,
+           "rows": [{"size": r.bytes, "count": r.count, "time_us": r.time_s * 1e6, "wrong": r.wrong,
+                     "model_us": None if r.model_s is None else r.model_s * 1e6} for r in rows]}  # fmt: skip
+    Path(ns.output_file).write_text(json.dumps(doc, indent=1) + "\n")

@@ -14,6 +14,7 @@ import signal
 import sys
 
 from neuronabox.args import ArgParser
+from neuronabox.launcher.interrupts import Interrupted, raised_as_interrupted, signum_of
 from neuronabox.launcher.job import job_from_args
 from neuronabox.launcher.reaping import become_subreaper
 from neuronabox.launcher.run import LaunchError, Run
@@ -91,19 +92,6 @@ def build_parser() -> ArgParser:
     return p
 
 
-class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP (the terminal closed) reached the launcher: stop the run,
-    exit 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupt(signum: int, _frame) -> None:
-    raise Interrupted(signum)
-
-
 def main(argv: list[str]) -> int:
     try:
         args = parse(argv)
@@ -116,7 +104,11 @@ def main(argv: list[str]) -> int:
         return 2
     run = Run(job)
     become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
-    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with raised_as_interrupted():
+        return _run(run)
+
+
+def _run(run: Run) -> int:
     last: list[str] = []  # said once the run is stopped, after torchrun's own last words
     try:
         result = run.execute()
@@ -130,14 +122,12 @@ def main(argv: list[str]) -> int:
         last = [f"neuronabox: error: {exc}", f"neuronabox: the run's logs are in {run.dir}"]
         return 1
     except (Interrupted, KeyboardInterrupt) as exc:
-        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        signum = signum_of(exc)
         kept = f" (its logs: {run.dir})" if run.dir.is_dir() else ""
         last = [f"neuronabox: interrupted ({signal.Signals(signum).name}); the run is stopped{kept}"]
         return 128 + signum
     finally:
         run.cleanup()
-        for s, h in old.items():
-            signal.signal(s, h)
         _say(last)
 
 
