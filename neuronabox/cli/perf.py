@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     try:
         with raised_as_interrupted():
             rows = _rows(ns, spec, options)
-    except (NeuronaBoxError, PerfError) as exc:  # UsageError, a bad simulation request: 2; LaunchError: 1
+    except NeuronaBoxError as exc:  # UsageError, PerfError (a bad simulation request): 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 1 if type(exc).__name__ == "LaunchError" else 2
     except (Interrupted, KeyboardInterrupt) as exc:  # the run is stopped already (run_job's cleanup)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 
 # nccl-tests' binaries and our kinds. `reduce_scatter` has no Gloo schedule.
@@ -37,7 +38,7 @@ MAX_ROWS = 64
 MAX_ITERS = 1_000_000
 
 
-class PerfError(ValueError):
+class PerfError(NeuronaBoxError, ValueError):
     """A perf request that cannot run; the message is the one-line cause."""
 
 
