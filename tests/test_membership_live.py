@@ -14,19 +14,17 @@ def kinds(trace) -> list[str]:
     return [r["kind"] for r in load(trace)["instances"]]
 
 
-def test_destroy_then_init_again(run, tmp_path):
+def test_destroy_then_init_again_and_a_worker_torchrun_restarts(run, tmp_path):
+    """Attempt 0 makes the default group, runs, then exits 3; torchrun starts the worker
+    again (--max-restarts), and attempt 1 makes the group three times over (destroy, init)."""
     trace = tmp_path / "t.jsonl"
-    res = run("torchrun", "--nnodes", "3", "--timeout", "60", "--trace", str(trace), REINIT, "--rounds", "3")
+    res = run("torchrun", "--nnodes", "3", "--max-restarts", "1", "--timeout", "60", "--trace", str(trace),
+              REINIT, "--rounds", "3", "--fail-first-attempt")  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
+    assert "attempt 0 round 0: allreduce gave 1" in res.out and "attempt 0 round 1" not in res.out
     for round_ in range(3):
-        assert f"attempt 0 round {round_}: allreduce gave 1" in res.out
-    assert kinds(trace).count("allreduce") == 3 and kinds(trace).count("barrier") == 3
-
-
-def test_a_worker_torchrun_restarts(run):
-    res = run("torchrun", "--nnodes", "2", "--max-restarts", "1", "--timeout", "60", REINIT, "--fail-first-attempt")
-    assert res.rc == 0, res.err[-3000:]
-    assert "attempt 0 round 0: allreduce gave 1" in res.out and "attempt 1 round 0: allreduce gave 1" in res.out
+        assert f"attempt 1 round {round_}: allreduce gave 1" in res.out
+    assert kinds(trace).count("allreduce") == 4 and kinds(trace).count("barrier") == 4
 
 
 def test_a_script_that_ends_before_init_is_a_success(run, tmp_path):
