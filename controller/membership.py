@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks
+from neuronabox.store import store_listener
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver
@@ -94,6 +95,10 @@ class Membership:
         self._next_seq = world**2
         self.conns: dict[tuple[str, int, int], Conn] = {}
         self.store = None
+        # When the controller hosts the store it listens from the start, before the ranks
+        # are started: an agent that dials a refused port backs off (0.67 s), one whose
+        # connection is accepted waits only until the store serves it (torch's import here).
+        self._store_listener = None if 0 in cfg.real_nodes else store_listener(cfg.master_addr, cfg.master_port)
         # The default group's generations: a real rank that destroys it and inits again, or
         # whose process torchrun restarts (--max-restarts), publishes a new record at the
         # same key; the first rank to do so starts a new generation of the whole world.
@@ -237,7 +242,7 @@ class Membership:
         try:
             # Kept for the whole run: when node 0 is emulated this object is the run's
             # TCPStore server, which the real agents use up to their exit barrier.
-            self.store = store = open_store(self.cfg)
+            self.store = store = open_store(self.cfg, self._store_listener)
             self.log("store open")
             self._after_store_open()
             agents = EmulatedAgents(self.cfg, store)

@@ -32,6 +32,18 @@ def group_key(group: str, rank: int) -> str:
     return f"default_pg/0//{group}//cpu//0/{rank}"
 
 
+def await_listener(host: str, port: int, deadline: float, every_s: float = 0.02) -> None:
+    """Until something accepts on host:port (or the deadline). TCPStore's client retries
+    a refused connection itself, but backs off: it connected 0.67 s after the agent's
+    store came up, a cost every run with node 0 real paid before its first worker."""
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(every_s)
+
+
 def store_client(cfg: ControllerConfig):
     """Another connection to the run's store, for a thread of its own."""
     import torch.distributed as dist
@@ -45,13 +57,14 @@ def store_client(cfg: ControllerConfig):
     )
 
 
-def open_store(cfg: ControllerConfig):
+def open_store(cfg: ControllerConfig, listener: socket.socket | None = None):
     """The run's store: hosted by the real node-0 agent, or by us when node 0 is emulated."""
     import torch.distributed as dist
 
     timeout = timedelta(seconds=cfg.store_timeout_s)
     if 0 in cfg.real_nodes:
         deadline = time.monotonic() + cfg.store_timeout_s
+        await_listener(cfg.master_addr, cfg.master_port, deadline)
         while True:
             try:
                 return dist.TCPStore(
@@ -66,7 +79,7 @@ def open_store(cfg: ControllerConfig):
                     raise
                 time.sleep(0.2)
     # TCPStore's own server listens on every interface; ours, on the run's address only.
-    return bound_store(cfg.master_addr, cfg.master_port, timeout, world_size=cfg.nnodes)
+    return bound_store(cfg.master_addr, cfg.master_port, timeout, world_size=cfg.nnodes, sock=listener)
 
 
 STORE_VALIDATE, STORE_ADD = 0, 4  # c10d::detail::QueryType

@@ -28,12 +28,15 @@ def store_listener(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=1024)
 
 
-def bound_store(host: str, port: int, timeout: timedelta, world_size: int | None = None):
-    """A TCPStore whose server listens on `host`:`port` only. Multi-tenant, so a later
-    multi-tenant store of this process on the same port shares its server."""
+def bound_store(
+    host: str, port: int, timeout: timedelta, world_size: int | None = None, sock: socket.socket | None = None
+):
+    """A TCPStore whose server listens on `host`:`port` only (on `sock` when the caller
+    bound it already). Multi-tenant, so a later multi-tenant store of this process on
+    the same port shares its server."""
     import torch.distributed as dist
 
-    sock = store_listener(host, port)
+    sock = sock or store_listener(host, port)
     try:
         store = dist.TCPStore(
             host,
