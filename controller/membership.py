@@ -105,8 +105,7 @@ class Membership:
         self._records: dict[int, bytes] = {}  # each real member's record, as last read
         self._open: dict[int, int] = {}  # real member -> its open default-group pairs
         self._left: set[int] = set()  # real members whose default-group pairs all closed
-        self._generation_of: dict[int, int] = {}
-        self.generation = 0
+        self._generation_of: dict[int, int] = {}  # real member -> how often it made the group again
 
     # -- pairs ------------------------------------------------------------------------------
     def open_conn(self, group: Group, real: int, emu: int) -> Conn | None:
@@ -202,11 +201,11 @@ class Membership:
     def _rejoin(self, r: int, raw: bytes, rec: RankRecord) -> None:
         """Real rank r joined the default group again (loop thread). The first of a new
         generation to do so resets what the old one left: instances in flight, later groups."""
-        gen = self._generation_of[r] = self._generation_of.get(r, 0) + 1
-        if gen > self.generation:
-            self.generation = gen
+        gen = self._generation_of.get(r, 0) + 1
+        if gen > max(self._generation_of.values(), default=0):  # the first of its generation
             self.engine.reset()
             self.groups = {"0": self.default}
+        self._generation_of[r] = gen
         self._records[r] = raw
         self._left.discard(r)
         self.log(f"real rank {self.default.global_rank(r)} joined the default process group again (generation {gen})")

@@ -14,6 +14,7 @@ import math
 from functools import reduce as fold
 
 from neuronabox.schedules import Kind
+from neuronabox.schedules.gloo import RealRanks
 
 BLOCKED = (Kind.ALLGATHER, Kind.ALLTOALL)  # outputs made of one block per rank
 
@@ -23,10 +24,8 @@ def value(rank: int) -> float:
 
 
 def mirror_source(world: int, real: list[int]) -> int:
-    """The real rank whose inputs the emulated ranks mirror: the first whose ring
-    successor is emulated (rank 0's when it alone is real)."""
-    members = set(real)
-    return next((r for r in sorted(real) if (r + 1) % world not in members), min(real))
+    """The real rank whose inputs the emulated ranks mirror: the schedules' own rule."""
+    return RealRanks(real, world).mirror
 
 
 def contribution(rank: int, world: int, real: list[int], policy: str) -> float | None:

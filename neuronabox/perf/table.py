@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuronabox.perf.ladder import DTYPES
 from neuronabox.trace.busbw import bandwidths
-from neuronabox.trace.nccl_tests import TYPE_NAMES
 
-# torch's dtype names -> nccl-tests' type column
-TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double", "int32": "int32",
-         "int64": "int64", "int8": "int8", "uint8": "uint8", **{v: v for v in TYPE_NAMES.values()}}  # fmt: skip
+# torch's dtype names -> nccl-tests' type column: the first of -d's names for each
+TYPES: dict[str, str] = {}
+for _name, (_torch, _) in DTYPES.items():
+    TYPES.setdefault(_torch, _name)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,16 @@ import time
 
 
 def daemonize(pid_file: str) -> None:
+    """Returns once the daemon listens and has written its pid (it says so on a pipe)."""
+    ready_r, ready_w = os.pipe()
     child = os.fork()
     if child:
+        os.close(ready_w)
         os.waitpid(child, 0)
+        os.read(ready_r, 1)  # the daemon's word, or EOF if it died first
+        os.close(ready_r)
         return
+    os.close(ready_r)
     os.setsid()
     if os.fork():
         os._exit(0)
@@ -23,7 +29,9 @@ def daemonize(pid_file: str) -> None:
     with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.rename(pid_file + ".tmp", pid_file)
-    time.sleep(600)
+    os.write(ready_w, b"x")
+    os.close(ready_w)
+    time.sleep(600)  # its life: until the run's sweep stops it
     os._exit(0)
 
 
@@ -32,8 +40,6 @@ p.add_argument("--pid-file", required=True)
 args = p.parse_args()
 if os.environ.get("RANK") == "0":
     daemonize(args.pid_file)  # before torch starts threads, which a fork does not take along
-    while not os.path.exists(args.pid_file):
-        time.sleep(0.01)
 
 import torch.distributed as dist  # noqa: E402
 
