@@ -48,6 +48,7 @@ struct prof_event {
 struct prof_ctx {
     int fd; /* -1: inert */
     int mask; /* the events this context asked NCCL for */
+    int live; /* NEURONABOX_NCCL_TRACE_START=1: a line at each Coll's start too (the live controller's cue) */
     uint64_t comm_id;
     int nnodes, nranks, rank;
     char name[128];
@@ -156,6 +157,27 @@ static void emit(struct prof_ctx *c, struct jline *j) {
              k < 0 ? strerror(errno) : "short write");
 }
 
+/* One Coll line: "coll" when it stops (stop_ns), "coll_start" when it starts (no stop_ns). */
+static void emit_coll(struct prof_ctx *c, struct prof_event *e, const char *what, int64_t stop) {
+    struct jline j = {.n = 0, .overflow = 0};
+    jfmt(&j, "{\"nccl\":\"%s\"", what);
+    jfmt(&j, ",\"comm\":\"%016" PRIx64 "\",\"rank\":%d,\"nranks\":%d,\"nnodes\":%d", c->comm_id, e->rank,
+         c->nranks, c->nnodes);
+    jstr(&j, "name", c->has_name ? c->name : NULL);
+    jfmt(&j, ",\"pid\":%d,\"seq\":%" PRIu64, (int)getpid(), e->seq);
+    jstr(&j, "func", e->func);
+    jfmt(&j, ",\"count\":%" PRIu64 ",\"root\":%d", e->count, e->root);
+    jstr(&j, "dtype", e->dtype);
+    jstr(&j, "algo", e->algo);
+    jstr(&j, "proto", e->proto);
+    jfmt(&j, ",\"channels\":%d,\"warps\":%d", e->channels, e->warps);
+    if (stop)
+        jfmt(&j, ",\"start_ns\":%" PRId64 ",\"stop_ns\":%" PRId64 "}", e->start_ns, stop);
+    else
+        jfmt(&j, ",\"start_ns\":%" PRId64 "}", e->start_ns);
+    emit(c, &j);
+}
+
 /* ---- the v5 entry points ----------------------------------------------------------------- */
 static nbx_result_t prof_init(void **context, uint64_t commId, int *eActivationMask, const char *commName, int nNodes,
                               int nranks, int rank, nbx_logger_t logger) {
@@ -180,6 +202,8 @@ static nbx_result_t prof_init(void **context, uint64_t commId, int *eActivationM
         return nbxSystemError;
     }
     int mask = NBX_PROF_COLL;
+    const char *start = getenv("NEURONABOX_NCCL_TRACE_START");
+    c->live = start && strcmp(start, "1") == 0;
     const char *proxy = getenv("NEURONABOX_NCCL_TRACE_PROXY");
     if (proxy && strcmp(proxy, "1") == 0) mask |= NBX_PROF_PROXY_OP;
     c->mask = mask;
@@ -233,6 +257,7 @@ static nbx_result_t prof_start(void *context, void **eHandle, nbx_prof_descr_v5_
     }
     e->start_ns = now_ns();
     *eHandle = e;
+    if (c->live && d->type == NBX_PROF_COLL) emit_coll(c, e, "coll_start", 0);
     return nbxSuccess;
 }
 
@@ -241,29 +266,19 @@ static nbx_result_t prof_stop(void *eHandle) {
     if (!e) return nbxSuccess;
     int64_t stop = now_ns();
     struct prof_ctx *c = e->ctx;
-    struct jline j = {.n = 0, .overflow = 0};
     if (e->type == NBX_PROF_COLL) {
-        jraw(&j, "{\"nccl\":\"coll\"");
-        jfmt(&j, ",\"comm\":\"%016" PRIx64 "\",\"rank\":%d,\"nranks\":%d,\"nnodes\":%d", c->comm_id, e->rank,
-             c->nranks, c->nnodes);
-        jstr(&j, "name", c->has_name ? c->name : NULL);
-        jfmt(&j, ",\"pid\":%d,\"seq\":%" PRIu64, (int)getpid(), e->seq);
-        jstr(&j, "func", e->func);
-        jfmt(&j, ",\"count\":%" PRIu64 ",\"root\":%d", e->count, e->root);
-        jstr(&j, "dtype", e->dtype);
-        jstr(&j, "algo", e->algo);
-        jstr(&j, "proto", e->proto);
-        jfmt(&j, ",\"channels\":%d,\"warps\":%d", e->channels, e->warps);
+        emit_coll(c, e, "coll", stop);
     } else {
+        struct jline j = {.n = 0, .overflow = 0};
         jraw(&j, "{\"nccl\":\"proxyop\"");
         jfmt(&j, ",\"comm\":\"%016" PRIx64 "\",\"rank\":%d,\"nranks\":%d,\"nnodes\":%d", c->comm_id, e->rank,
              c->nranks, c->nnodes);
         jstr(&j, "name", c->has_name ? c->name : NULL);
         jfmt(&j, ",\"pid\":%d,\"channel\":%d,\"peer\":%d,\"nSteps\":%d,\"chunkSize\":%d,\"isSend\":%d", e->pid,
              e->channel, e->peer, e->n_steps, e->chunk_size, e->is_send);
+        jfmt(&j, ",\"start_ns\":%" PRId64 ",\"stop_ns\":%" PRId64 "}", e->start_ns, stop);
+        emit(c, &j);
     }
-    jfmt(&j, ",\"start_ns\":%" PRId64 ",\"stop_ns\":%" PRId64 "}", e->start_ns, stop);
-    emit(c, &j);
     atomic_store(&e->used, 0);
     return nbxSuccess;
 }

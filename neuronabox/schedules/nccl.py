@@ -356,21 +356,40 @@ def ring_walk(ops: list[Op], hop: Link, work: float = 0.0) -> float:
     and, if it forwards, `work` after the receive it forwards arrived; ops run in order.
     Exact when every rank's messages have the same sizes; an allreduce whose last loop
     leaves ragged chunks differs from walking every rank by well under 0.1%."""
+    return max(ring_arrivals(ops, hop, work), default=0.0)
+
+
+def ring_arrivals(ops: list[Op], hop: Link, work: float = 0.0) -> list[float]:
+    """When each message a symmetric ring rank receives arrives, in receive order, every
+    rank having entered at 0 (`ring_walk`'s walk): the live controller's release times."""
     arrive: list[float] = []
-    link_free = ready = done = 0.0
-    received = 0
+    link_free = ready = 0.0
+    got: list[float] = []
     for op in ops:
         for nbytes in op.slices:
             if op.recv:
-                got = arrive[received]
-                received += 1
-                ready = max(ready, got + (work if op.send else 0.0))
-                done = max(done, got)
+                at = arrive[len(got)]
+                got.append(at)
+                ready = max(ready, at + (work if op.send else 0.0))
             if op.send:
                 leave = max(ready, link_free)
                 link_free = leave + nbytes / hop.bandwidth
                 arrive.append(link_free + hop.latency)
-    return done
+    return got
+
+
+def pipeline_arrivals(sizes: list[int], hops: int, hop: Link, work: float = 0.0) -> list[float]:
+    """When each chunk of a pipeline reaches the rank `hops` links down the chain
+    (`pipeline_time`'s tandem, chunk by chunk)."""
+    if hops <= 0:
+        return [0.0] * len(sizes)
+    service = [n / hop.bandwidth for n in sizes]
+    tail = (hops - 1) * (max(service, default=0.0) + work) + hops * hop.latency
+    out, sent = [], 0.0
+    for s in service:
+        sent += s
+        out.append(sent + tail)
+    return out
 
 
 def pipeline_time(sizes: list[int], hops: int, hop: Link, work: float = 0.0) -> float:
@@ -381,6 +400,68 @@ def pipeline_time(sizes: list[int], hops: int, hop: Link, work: float = 0.0) -> 
         return 0.0
     service = [n / hop.bandwidth for n in sizes]
     return sum(service) + (hops - 1) * max(service) + hops * hop.latency + (hops - 1) * work
+
+
+class Source(NamedTuple):
+    """Where a message an emulated rank sends a real rank comes from: the `index`-th
+    message real rank `rank` sent on the same channel."""
+
+    rank: int
+    index: int
+
+
+def ring_sources(ring: NcclRing, real: list[int] | tuple[int, ...], mirror: int) -> dict[int, dict[int, list]]:
+    """What each message that a real rank receives from its emulated predecessor carries,
+    per channel, in receive order: a `Source` (bytes a real rank sent, forwarded along the
+    emulated ranks unchanged) or None (zeros). Real ranks whose predecessor is real are left
+    out: their link is real.
+
+    The data policy (the echo plan, any number of real ranks): an emulated rank contributes
+    the identity of the reduction, so every op that receives forwards what it received; an
+    op that only sends (a loop's first) sends zeros, but for an allgather, whose emulated
+    blocks are the `mirror` rank's own (its first send of the same loop at the same index,
+    ring ranks running the same program shape); a broadcast forwards from its root, which
+    sends zeros if it is emulated. Tracing back one emulated rank at a time is at most one
+    loop of ops deep."""
+    members = set(real)
+    w = ring.world
+    out: dict[int, dict[int, list]] = {}
+    for r in sorted(members):
+        if (r - 1) % w in members:
+            continue
+        chans: dict[int, list] = {}
+        for ch, ops in ring.program(r).items():
+            send_pos: list[tuple[int, int]] = []  # send index -> (op, slice)
+            first_recv: list[int] = []  # op -> its first receive index
+            n_recv = 0
+            for o, op in enumerate(ops):
+                first_recv.append(n_recv)
+                if op.recv:
+                    n_recv += len(op.slices)
+                if op.send:
+                    send_pos.extend((o, i) for i in range(len(op.slices)))
+            chans[ch] = [_trace(ring, ops, send_pos, first_recv, members, mirror, r, k) for k in range(n_recv)]
+        out[r] = chans
+    return out
+
+
+def _trace(ring: NcclRing, ops: list[Op], send_pos, first_recv, members, mirror: int, r: int, k: int):
+    """Message `k` that `r` receives, followed back through its emulated senders."""
+    w = ring.world
+    e = (r - 1) % w
+    for _ in range(w):
+        if e in members:
+            return Source(e, k)
+        if ring.kind == Kind.BROADCAST:
+            if e == ring.root:
+                return None
+        else:
+            o, i = send_pos[k]
+            if not ops[o].recv:
+                return Source(mirror, k) if ring.kind == Kind.ALLGATHER else None
+            k = first_recv[o] + i
+        e = (e - 1) % w
+    raise AssertionError("a ring message followed back around the whole ring")
 
 
 # ---------------------------------------------------------------------------

@@ -76,8 +76,9 @@ class RingSide(Enum):
     AS_PREV = "as_prev"
 
 
-# slot(r, own) -> emulated rank r's slice, built from R's own slice (the clone template)
-SlotFn = Callable[[int, bytes], bytes]
+# slot(r, own) -> rank r's slice, built from R's own slice (the clone template), or None while
+# it is not known yet (another real rank's slice, with several real ranks, that has not come)
+SlotFn = Callable[[int, bytes], "bytes | None"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,10 @@ class RingAllGather:
         reader = self._readers[side]
         return reader.rest if reader.finished else b""
 
+    def poke(self) -> dict[RingSide, bytes]:
+        """What can be written now that a slice this ring waited for is known (several real ranks)."""
+        return self._writes()
+
     def feed(self, side: RingSide, data: bytes) -> dict[RingSide, bytes]:
         reader = self._readers[side]
         before = reader.count
@@ -175,7 +180,8 @@ class RingAllGather:
             return
         if self.own is None:
             raise NcclWireError(f"R forwarded slice {index} on {side.value} before sending its own")
-        if payload != self.slot(index, self.own):
+        want = self.slot(index, self.own)
+        if want is None or payload != want:
             raise NcclWireError(
                 f"R forwarded slice {index} on {side.value} altered: the ring is out of step with R"
             )
@@ -198,6 +204,8 @@ class RingAllGather:
             while self._sent[side] < len(todo) and self._sent[side] < progress + self.window:
                 index = todo[self._sent[side]]
                 payload = self.slot(index, self.own)
+                if payload is None:
+                    break  # another real rank's slice, still on its way
                 if len(payload) != self.size:
                     raise ValueError(f"slot({index}) built {len(payload)} bytes; R's slices are {self.size}")
                 if self._sent[side] == 0:

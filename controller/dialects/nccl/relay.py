@@ -1,0 +1,340 @@
+"""The data plane of the NCCL dialect for any number of real ranks, sans-IO: every
+collective's Socket-net messages on every (real rank, channel) stream, what each
+message the controller sends carries, and when it may leave.
+
+Streams, named from the real rank's side (one connection each, NCCL_SOCKET_NTHREADS=0):
+- IN (R, c): R's sends to its emulated successor on channel c: `[i32 size][bytes]` frames
+  whose sizes the schedule fixes (a frame of another size is refused, naming it);
+- OUT (R, c): what R's emulated predecessor sends it on channel c: exactly the messages
+  R's proxy posts, each carrying what `ring_sources` says (zeros, or bytes a real rank
+  sent, forwarded along the emulated ranks unchanged).
+
+A collective is known by its parameters (the profiler plugin's start line, `CollParams`),
+which must come before the controller can parse R's bytes or write R's receives; bytes
+that come first wait in the stream. Each stream moves through the collectives in order,
+on its own. A message leaves at its release time (`ring_arrivals` priced by the run's
+delay model and what-if: the emulated predecessor's pace, every emulated rank entering
+when R did) and not before what it forwards has arrived. A real rank's message is kept
+only until its last forward has gone. Time is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from neuronabox.schedules import Kind
+from neuronabox.schedules.gloo import RealRanks
+from neuronabox.schedules.nccl import NcclConfig, NcclRing, Source, pipeline_arrivals, ring_arrivals, ring_sources
+
+from .errors import NcclError, NcclWireError
+from .wire import FrameReader, encode_frame
+
+# NCCL's profiler names (ncclFuncToString, ncclDatatypeToString) -> ours
+FUNCS = {"AllReduce": Kind.ALLREDUCE, "AllGather": Kind.ALLGATHER, "ReduceScatter": Kind.REDUCE_SCATTER,
+         "Broadcast": Kind.BROADCAST}  # fmt: skip
+DTYPES = {"ncclInt8": ("int8", 1), "ncclUint8": ("uint8", 1), "ncclInt32": ("int32", 4), "ncclUint32": ("uint32", 4),
+          "ncclInt64": ("int64", 8), "ncclUint64": ("uint64", 8), "ncclFloat16": ("float16", 2),
+          "ncclFloat32": ("float32", 4), "ncclFloat64": ("float64", 8), "ncclBfloat16": ("bfloat16", 2),
+          "ncclFloat8e4m3": ("float8_e4m3fn", 1), "ncclFloat8e5m2": ("float8_e5m2", 1)}  # fmt: skip
+
+
+class UnspokenCollective(NcclError):
+    """A collective the live NCCL dialect does not play (an algorithm, protocol or kind)."""
+
+
+@dataclass(frozen=True)
+class CollParams:
+    """One collective as the real rank's NCCL planned it (the profiler's Coll event)."""
+
+    seq: int
+    kind: Kind
+    count: int  # NCCL's own count: per rank for allgather and reduce-scatter
+    dtype: str
+    elem: int
+    root: int
+    channels: int  # what NCCL's plan gave it (the schedule re-derives and checks it)
+    algo: str
+    proto: str
+
+    @classmethod
+    def from_line(cls, doc: dict) -> CollParams:
+        """From the profiler plugin's JSON line; an unspoken choice is refused, naming it."""
+        func, algo, proto = doc.get("func"), doc.get("algo"), doc.get("proto")
+        if func not in FUNCS:
+            raise UnspokenCollective(f"NCCL {func} is not played by the live NCCL dialect "
+                                     f"(played: {', '.join(FUNCS)})")  # fmt: skip
+        if algo != "RING" or proto != "SIMPLE":
+            raise UnspokenCollective(f"NCCL ran {func} seq {doc.get('seq')} as {algo}/{proto}; the live dialect "
+                                     "plays RING/SIMPLE (the launcher's pins)")  # fmt: skip
+        if doc.get("dtype") not in DTYPES:
+            raise UnspokenCollective(f"NCCL datatype {doc.get('dtype')} is not known to the live dialect")
+        dtype, elem = DTYPES[doc["dtype"]]
+        return cls(int(doc["seq"]), FUNCS[func], int(doc["count"]), dtype, elem, int(doc["root"]),
+                   int(doc["channels"]), algo, proto)  # fmt: skip
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes a delay model prices: the gathered total for allgather, the whole input
+        for reduce-scatter, the buffer otherwise."""
+        return self.count * self.elem
+
+
+@dataclass
+class _Out:
+    nbytes: int
+    source: Source | None
+    release: float = 0.0
+
+
+@dataclass
+class Instance:
+    """One collective in flight on every stream."""
+
+    params: CollParams
+    ring: NcclRing
+    created: float
+    predicted: float
+    hop_latency: float
+    sends: dict[tuple[int, int], list[int]]  # IN (R, c) -> the sizes R sends
+    outs: dict[tuple[int, int], list[_Out]]  # OUT (R, c) -> what the controller sends R
+    uses: dict[tuple[int, int, int], int]  # (Q, c, index) -> forwards still to make
+    got: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
+    arrived: dict[tuple[int, int], int] = field(default_factory=dict)  # IN stream -> frames in
+    entered: dict[int, float] = field(default_factory=dict)  # real rank -> when its start line came
+    left: dict[int, float] = field(default_factory=dict)  # real rank -> its last message, either way
+    streams_done: set = field(default_factory=set)
+
+    @property
+    def boundary_messages(self) -> int:
+        return sum(map(len, self.sends.values())) + sum(map(len, self.outs.values()))
+
+
+class _Stream:
+    """One connection's progress through the collectives."""
+
+    def __init__(self) -> None:
+        self.at = 0  # index into the relay's instance list (absolute: the relay's `base` + position)
+        self.pending = bytearray()  # IN: bytes not yet parsed
+        self.reader: FrameReader | None = None
+        self.next_out = 0  # OUT: the next message of the current instance
+
+
+class NcclRelay:
+    """The controller's half of every collective's data on every real rank's streams.
+
+    `timing`: the run's `ReleaseTiming` (delay model, what-if, the emulated ranks' local
+    work). The driver feeds bytes and collective parameters in with the time, asks `due`
+    for the frames to write now, and `next_release` for its timer.
+    """
+
+    def __init__(self, world: int, real: list[int], config: NcclConfig, timing, buffer_limit: int = 1 << 30):
+        self.world = world
+        self.real = RealRanks(real, world)
+        self.config = config
+        self.timing = timing
+        self.buffer_limit = buffer_limit
+        members = self.real.members
+        self.in_ranks = [r for r in self.real.sorted if (r + 1) % world not in members]
+        self.out_ranks = [r for r in self.real.sorted if (r - 1) % world not in members]
+        self._in = {(r, c): _Stream() for r in self.in_ranks for c in range(config.channels)}
+        self._out = {(r, c): _Stream() for r in self.out_ranks for c in range(config.channels)}
+        self._instances: list[Instance] = []
+        self._base = 0  # absolute index of _instances[0]
+        self._by_key: dict[tuple[Kind, int], int] = {}  # (kind, seq) -> absolute index
+        self._last_seq: dict[Kind, int] = {}  # NCCL numbers each function's collectives on its own
+        self.finished: list[Instance] = []  # completed, for the driver to record and clear
+
+    # -- parameters ------------------------------------------------------------------
+    def collective(self, rank: int, params: CollParams, now: float) -> None:
+        """Real rank `rank` starts a collective (its profiler start line)."""
+        key = (params.kind, params.seq)
+        at = self._by_key.get(key)
+        if at is None:
+            last = self._last_seq.get(params.kind, -1)
+            if params.seq <= last:
+                return  # a late line of a collective every stream is done with
+            if params.seq != last + 1:
+                raise NcclWireError(f"rank {rank} started {params.kind} seq {params.seq}; the next is {last + 1}")
+            self._last_seq[params.kind] = params.seq
+            at = self._base + len(self._instances)
+            self._instances.append(self._instance(params, now))
+            self._by_key[key] = at
+            for (r, c), st in self._in.items():  # bytes that came before the parameters, or none to come
+                self._parse(r, c, st, now)
+        inst = self._instances[at - self._base]
+        if inst.params != params:
+            raise NcclWireError(f"rank {rank} runs collective {params.seq} as {params}, another rank as {inst.params}")
+        inst.entered.setdefault(rank, now)
+        self._retime(inst, rank)
+
+    def _instance(self, p: CollParams, now: float) -> Instance:
+        if p.root < 0 or p.root >= self.world:
+            raise NcclWireError(f"collective {p.seq} has root {p.root} outside the world of {self.world}")
+        ring = NcclRing(p.kind, self.world, p.count, p.elem, root=p.root, config=self.config)
+        used = len(ring.parts)
+        if used != p.channels:
+            raise NcclWireError(f"NCCL ran {p.kind} seq {p.seq} ({p.count} x {p.elem} B) on {p.channels} channel(s); "
+                                f"the schedule says {used}: the channel partition is out of step with NCCL")
+        sources = ring_sources(ring, self.real.sorted, self.real.mirror)
+        sends: dict[tuple[int, int], list[int]] = {}
+        for r in self.in_ranks:
+            for c in range(self.config.channels):
+                sends[(r, c)] = [m.nbytes for m in ring.sends(r) if m.channel == c]
+        outs: dict[tuple[int, int], list[_Out]] = {}
+        uses: dict[tuple[int, int, int], int] = {}
+        recv_sizes = {r: ring.recvs(r) for r in self.out_ranks}
+        for r in self.out_ranks:
+            for c in range(self.config.channels):
+                sizes = [m.nbytes for m in recv_sizes[r] if m.channel == c]
+                srcs = sources.get(r, {}).get(c, [])
+                outs[(r, c)] = [_Out(n, s) for n, s in zip(sizes, srcs, strict=True)]
+                for s in srcs:
+                    if s is not None:
+                        uses[(s.rank, c, s.index)] = uses.get((s.rank, c, s.index), 0) + 1
+        timing = self.timing
+        hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
+        work = ring.edge_work(timing.work)
+        predicted = timing.whatif.entry_delay(p.kind) + ring.free_time(hop, work)
+        inst = Instance(p, ring, now, predicted, hop.latency, sends, outs, uses)
+        inst.hop = hop  # type: ignore[attr-defined]
+        inst.work = work  # type: ignore[attr-defined]
+        return inst
+
+    def _priced_bytes(self, p: CollParams) -> int:
+        return p.nbytes * (self.world if p.kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
+
+    def _retime(self, inst: Instance, rank: int) -> None:
+        """Release times of what `rank` receives, from its entry (the model's arrivals)."""
+        if rank not in self.out_ranks or not self.timing.active:
+            return
+        t0 = inst.entered[rank] + self.timing.whatif.entry_delay(inst.params.kind)
+        ring, hop, work = inst.ring, inst.hop, inst.work  # type: ignore[attr-defined]
+        for part in ring.parts:
+            outs = inst.outs[(rank, part.channel)]
+            if ring.kind == Kind.BROADCAST:
+                hops = (rank - ring.root) % self.world
+                chunks = [sum(op.slices) for op in ring.ops(ring.root, part)]
+                times = pipeline_arrivals(chunks, hops, hop, work)
+            else:
+                times = ring_arrivals(ring.program(rank)[part.channel], hop, work)
+            for o, t in zip(outs, times, strict=True):
+                o.release = t0 + t
+
+    # -- bytes -----------------------------------------------------------------------
+    def feed(self, rank: int, channel: int, data: bytes, now: float) -> None:
+        """Bytes from real rank `rank`'s connection to its successor on `channel`."""
+        st = self._in.get((rank, channel))
+        if st is None:
+            raise NcclWireError(f"rank {rank} sent data on channel {channel}, which no stream of the controller has")
+        st.pending += data
+        if len(st.pending) > self.buffer_limit:
+            raise NcclWireError(f"rank {rank} sent {len(st.pending)} bytes on channel {channel} ahead of any "
+                                "collective the profiler announced (is the profiler plugin loaded?)")  # fmt: skip
+        self._parse(rank, channel, st, now)
+
+    def _parse(self, rank: int, channel: int, st: _Stream, now: float) -> None:
+        key = (rank, channel)
+        while st.at < self._base + len(self._instances):
+            inst = self._instances[st.at - self._base]
+            sizes = inst.sends[key]
+            if st.reader is None:
+                st.reader = FrameReader(max(sizes, default=0), what=f"rank {rank}'s net frame on channel {channel}",
+                                        limit=len(sizes))  # fmt: skip
+            data, st.pending = bytes(st.pending), bytearray()
+            frames = st.reader.feed(data) if data else []
+            for payload in frames:
+                i = inst.arrived.get(key, 0)
+                if len(payload) != sizes[i]:
+                    raise NcclWireError(f"rank {rank} sent {len(payload)} bytes as message {i} of {inst.params.kind} "
+                                        f"seq {inst.params.seq} on channel {channel}; NCCL's schedule says "
+                                        f"{sizes[i]}")  # fmt: skip
+                if (rank, channel, i) in inst.uses:
+                    inst.got[(rank, channel, i)] = payload
+                inst.arrived[key] = i + 1
+                inst.left[rank] = now
+            if not st.reader.finished:
+                return
+            st.pending = bytearray(st.reader.rest)
+            st.reader = None
+            self._stream_done(inst, ("in",) + key, now)
+            st.at += 1
+
+    def due(self, now: float) -> list[tuple[int, int, bytes]]:
+        """(real rank, channel, frame) to write now, in order per stream."""
+        out: list[tuple[int, int, bytes]] = []
+        for key, st in self._out.items():
+            while st.at < self._base + len(self._instances):
+                inst = self._instances[st.at - self._base]
+                if key[0] not in inst.entered:
+                    break  # this rank has not started it: its receives are not posted
+                msgs = inst.outs[key]
+                if st.next_out < len(msgs):
+                    m = msgs[st.next_out]
+                    if m.release > now:
+                        break
+                    if m.source is None:
+                        payload = bytes(m.nbytes)
+                    else:
+                        skey = (m.source.rank, key[1], m.source.index)
+                        payload = inst.got.get(skey)
+                        if payload is None:
+                            break  # what it forwards has not arrived
+                        inst.uses[skey] -= 1
+                        if not inst.uses[skey]:
+                            del inst.got[skey]
+                        if len(payload) != m.nbytes:
+                            raise NcclWireError(f"rank {m.source.rank}'s message {m.source.index} is {len(payload)} "
+                                                f"bytes; rank {key[0]} posts {m.nbytes}")  # fmt: skip
+                    out.append((key[0], key[1], encode_frame(payload)))
+                    st.next_out += 1
+                    inst.left[key[0]] = now
+                    continue
+                st.next_out = 0
+                self._stream_done(inst, ("out",) + key, now)
+                st.at += 1
+        return out
+
+    def next_release(self) -> float:
+        """The earliest release time of a message waiting only for its time (inf: none)."""
+        soonest = math.inf
+        for key, st in self._out.items():
+            if st.at >= self._base + len(self._instances):
+                continue
+            inst = self._instances[st.at - self._base]
+            msgs = inst.outs[key]
+            if key[0] not in inst.entered or st.next_out >= len(msgs):
+                continue
+            m = msgs[st.next_out]
+            if m.source is None or (m.source.rank, key[1], m.source.index) in inst.got:
+                soonest = min(soonest, m.release)
+        return soonest
+
+    def _stream_done(self, inst: Instance, key: tuple, now: float) -> None:
+        inst.streams_done.add(key)
+        if len(inst.streams_done) == len(self._in) + len(self._out):
+            self.finished.append(inst)
+            self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        while self._instances and len(self._instances[0].streams_done) == len(self._in) + len(self._out):
+            done = self._instances.pop(0)
+            del self._by_key[(done.params.kind, done.params.seq)]
+            self._base += 1
+
+    @property
+    def in_flight(self) -> list[Instance]:
+        return list(self._instances)
+
+    def describe(self) -> str:
+        """Where each stream stands: what a stuck run reports."""
+        lines = []
+        for inst in self._instances:
+            p = inst.params
+            lines.append(f"{p.kind} seq {p.seq} ({p.count} x {p.elem} B): entered {sorted(inst.entered)}, "
+                         f"frames in {inst.arrived}, streams done {sorted(inst.streams_done)}")  # fmt: skip
+        for key, st in self._out.items():
+            lines.append(f"out {key}: instance {st.at}, message {st.next_out}")
+        for key, st in self._in.items():
+            lines.append(f"in {key}: instance {st.at}, {len(st.pending)} bytes waiting")
+        return "; ".join(lines)
