@@ -29,8 +29,9 @@ from neuronabox.schedules.nccl import NcclConfig
 from neuronabox.trace.records import TraceWriter
 
 from .dialects.gloo.driver import raise_fd_limit
-from .dialects.nccl.live import NcclLive, open_profile_fifo
+from .dialects.nccl.live import NcclLive
 from .dialects.nccl.relay import Instance, NcclRelay
+from .dialects.nccl.sockets import open_profile_fifo
 from .dialects.nccl.versions import layout_for
 from .dialects.nccl.wire import UniqueId
 from .outcomes import InstanceRecord

@@ -25,27 +25,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import selectors
-import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 
-from .bootstrap import RingAllGather, RingSide
+from .bootstrap import RingSide
 from .errors import NcclError, NcclWireError
-from .layouts import (
-    check_own_all_gather_info,
-    check_own_peer_info,
-    check_own_ring_info,
-    clone_all_gather_info,
-    clone_peer_info,
-    clone_ring_info,
-    decode_recv_connect_info,
-)
+from .layouts import decode_recv_connect_info
 from .relay import CollParams, Instance, NcclRelay
+from .ring_link import BootstrapRing
 from .setup import PeerRole, SetupResponder
+from .sockets import Conn, Role, SocketLoop
 from .versions import Layout
 from .wire import (
     HANDSHAKE,
@@ -63,51 +53,58 @@ from .wire import (
     encode_handshake,
     encode_net_socket_preamble,
     encode_p2p_preamble,
-    encode_sockaddr,
 )
 
-ALLGATHERS = 3  # ringAllInfo, ncclPeerInfo, allGatherInfo: what init sends around the ring
 TOKEN_BASE = 0x4E42580000000000  # "NBX": the net handle magic that names (real rank, position)
 MAX_P2P = 1 << 20
-READ = 1 << 18
+P2P_FIRST = 8  # the p2p preamble's size: [rank, tag]
 DEBUG = os.environ.get("NEURONABOX_NCCL_DEBUG") == "1"  # each read, on stderr
 
 
-class Role(Enum):
-    NODE_NEW = "an emulated rank's bootstrap connection, not yet classified"
-    ROOT_REPLY = "the root's reply to an emulated rank"
-    RING_NEXT = "a real rank's ring link to its emulated successor"
-    RING_PREV = "the ring link to a real rank from its emulated predecessor"
-    P2P_IN = "a real rank's bootstrap message to an emulated rank"
-    NET_NEW = "a Socket-net connection, not yet named"
-    NET_IN = "a real rank's Socket-net connection to its emulated successor"
-    NET_OUT = "the Socket-net connection to a real rank from its emulated predecessor"
-    ROOT_IN = "a real rank's check-in with the emulated root"
-    ONE_SHOT = "a message the controller sends and closes"
+def recv_handle_for(rank: int, net_addr: SockAddr):
+    """The handles the controller gives `rank` to dial: its own listener, the magic naming
+    (rank, position) so the connection names itself when it comes."""
+
+    def handle(peer: int, tag: int, position: int) -> bytes:
+        return SocketNetHandle(net_addr, magic=TOKEN_BASE | rank << 8 | position).encode()
+
+    return handle
 
 
-@dataclass(eq=False)
-class Conn:
-    sock: socket.socket
-    role: Role
-    rank: int = -1  # the emulated rank (NODE_*, ROOT_REPLY, P2P_IN) or the real rank (the rest)
-    channel: int = -1
-    inbuf: bytearray = field(default_factory=bytearray)
-    outbuf: bytearray = field(default_factory=bytearray)
-    close_after_flush: bool = False
-    reader: FrameReader | None = None
-    p2p: tuple[int, int] | None = None  # (src rank, tag) once its preamble came
+def token_owner(magic: int) -> tuple[int | None, int]:
+    """(rank, position) a handle's magic names, or (None, 0) for one the controller never gave."""
+    if magic & ~0xFFFFFF != TOKEN_BASE:
+        return None, 0
+    return (magic >> 8) & 0xFFFF, magic & 0xFF
 
 
-class RingOfRank:
-    """One real rank's two ring sockets and its allgathers, one after the other."""
+class ProfileLines:
+    """The profiler plugin's lines off its FIFO: (rank, CollParams) of each collective start."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.conns: dict[RingSide, Conn | None] = {RingSide.AS_NEXT: None, RingSide.AS_PREV: None}
-        self.pending: dict[RingSide, bytearray] = {s: bytearray() for s in RingSide}  # before its socket exists
-        self.index = 0  # which allgather
-        self.stepper: RingAllGather | None = None
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, CollParams]]:
+        self.buf += data
+        if len(self.buf) > 1 << 20:
+            raise NcclError("the profiler's FIFO carries a line over 1 MiB: not the NeuronaBox profiler")
+        out = []
+        while b"\n" in self.buf:
+            line, _, rest = bytes(self.buf).partition(b"\n")
+            self.buf = bytearray(rest)
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                raise NcclError(f"the profiler's FIFO carried a line that is not JSON: {line[:80]!r}") from None
+            if doc.get("nccl") != "coll_start":
+                continue
+            if doc.get("nranks") != self.world:
+                raise NcclError(f"rank {doc.get('rank')} started {doc.get('func')} on a communicator of "
+                                f"{doc.get('nranks')} ranks; the live NCCL dialect plays the world's only "
+                                f"({self.world})")  # fmt: skip
+            out.append((int(doc["rank"]), CollParams.from_line(doc)))
+        return out
 
 
 class NcclLive:
@@ -115,15 +112,13 @@ class NcclLive:
 
     When real rank 0 is the root, its unique id comes through `join` once the ports are
     open; otherwise the controller is the root and `unique_id` is the id for the real
-    ranks. `profile_fd`: the read end of
-    the profiler's FIFO. `on_instance`: each finished collective. `clock`: monotonic seconds.
+    ranks. `profile_fd`: the read end of the profiler's FIFO. `on_instance`: each finished
+    collective. `clock`: monotonic seconds.
     """
 
     def __init__(self, layout: Layout, world: int, real: list[int], relay: NcclRelay, profile_fd: int,
-                 host: str = "127.0.0.1",
-                 on_instance: Callable[[Instance], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 host: str = "127.0.0.1", on_instance: Callable[[Instance], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         if not real or any(not 0 <= r < world for r in real):
             raise NcclError(f"real ranks {real} do not fit a world of {world}")
         if len(set(real)) == world:
@@ -132,56 +127,30 @@ class NcclLive:
         if close:
             raise NcclError(f"real ranks {close[0]} and {(close[0] + 1) % world} are ring neighbours; the live NCCL "
                             "dialect plays real ranks with emulated ranks on both sides")  # fmt: skip
-        sizes = {layout.root_reply_size, 8, layout.ring_info_size}
-        if len(sizes) != 3:
+        if len({layout.root_reply_size, P2P_FIRST, layout.ring_info_size}) != 3:
             raise NcclError(f"NCCL {layout.name}: a ring slice is as large as a root reply or a p2p preamble")
-        self.layout, self.world, self.real, self.relay, self.host = layout, world, sorted(set(real)), relay, host
+        self.layout, self.world, self.real, self.relay = layout, world, sorted(set(real)), relay
         self.members = set(self.real)
         self.emulated = [r for r in range(world) if r not in self.members]
-        self.mirror = relay.real.mirror
-        self.clock, self.on_instance, self.log = clock, on_instance, log or (lambda _m: None)
-        self.sel = selectors.DefaultSelector()
-        self.conns: set[Conn] = set()
-        self.node_listen: dict[int, socket.socket] = {}
-        self.node_addr: dict[int, bytes] = {}
-        for e in self.emulated:
-            s = self._listener()
-            self.node_listen[e] = s
-            self.node_addr[e] = encode_sockaddr(host, s.getsockname()[1])
-            self.sel.register(s, selectors.EVENT_READ, ("listen", e))
-        self.net_listen = self._listener()
-        self.net_addr = SockAddr(host, self.net_listen.getsockname()[1])
-        self.sel.register(self.net_listen, selectors.EVENT_READ, ("listen", "net"))
-        self.root_listen: socket.socket | None = None
-        self.checked_in: dict[int, ExtInfo] = {}
+        self.clock, self.on_instance = clock, on_instance
+        self.io = SocketLoop(host)
+        self.node_addr = {e: self.io.listen(e).encode() for e in self.emulated}  # root reply, ring, p2p: one port
+        self.net_addr = self.io.listen("net")
         self.uid: UniqueId | None = None
         if 0 not in self.members:
-            self.root_listen = self._listener()
-            root = SockAddr(host, self.root_listen.getsockname()[1])
-            self.uid = UniqueId(int.from_bytes(os.urandom(8), "little"), root)
-            self.sel.register(self.root_listen, selectors.EVENT_READ, ("listen", "root"))
-        self.rings = {r: RingOfRank(r) for r in self.real if (r + 1) % world not in self.members
-                      or (r - 1) % world not in self.members}  # fmt: skip
-        self.slices: list[dict[int, bytes]] = [{} for _ in range(ALLGATHERS)]  # allgather -> real rank -> its slice
-        self.p2p_addr: dict[int, SockAddr] = {}  # real rank -> its bootstrap p2p address (its ringAllInfo)
-        self.responders = {r: SetupResponder(layout, r, world, self._recv_handle_for(r)) for r in self.real}
+            self.uid = UniqueId(int.from_bytes(os.urandom(8), "little"), self.io.listen("root"))
+        self.checked_in: dict[int, ExtInfo] = {}
+        self.ring_conns: dict[tuple[int, RingSide], Conn] = {}
+        self.ring_pending: dict[tuple[int, RingSide], bytearray] = {}
+        self.ring = BootstrapRing(layout, world, self.real, relay.real.mirror, self.node_addr, self._ring_write)
+        self.responders = {r: SetupResponder(layout, r, world, recv_handle_for(r, self.net_addr)) for r in self.real}
         self.net_out: dict[tuple[int, int], Conn] = {}
         self.net_pending: dict[tuple[int, int], bytearray] = {}
         self.profile_fd = profile_fd
-        self.profile_buf = bytearray()
-        self.sel.register(profile_fd, selectors.EVENT_READ, ("profile", None))
+        self.profile = ProfileLines(world)
+        self.io.watch(profile_fd, "profile")
         self.stopped = False
-        self.error: BaseException | None = None
         self.collectives = 0
-
-    # ---------------------------------------------------------------- set-up
-    def _listener(self) -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((self.host, 0))
-        s.listen(128)
-        s.setblocking(False)
-        return s
 
     @property
     def unique_id(self) -> bytes:
@@ -191,132 +160,45 @@ class NcclLive:
 
     def join(self, uid: UniqueId) -> None:
         """Real rank 0 made the unique id: check every emulated rank in with its root now."""
-        if self.root_listen is not None or self.uid is not None:
+        if 0 not in self.members or self.uid is not None:
             raise NcclError("the unique id is the controller's own, or came already")
         self.uid = uid
-        hello = encode_handshake(self.uid.magic, SocketType.BOOTSTRAP)
+        hello = encode_handshake(uid.magic, SocketType.BOOTSTRAP)
         for e in self.emulated:
             info = ExtInfo(e, self.world, 0, 1, self.node_addr[e], self.node_addr[e])
-            self._dial(self.uid.root, Role.ONE_SHOT, hello + encode_frame(info.encode(self.layout)), close=True)
-
-    def _dial(self, addr: SockAddr, role: Role, data: bytes = b"", close: bool = False, rank: int = -1,
-              channel: int = -1) -> Conn:  # fmt: skip
-        s = socket.create_connection((addr.host, addr.port), timeout=10)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(False)
-        c = Conn(s, role, rank, channel)
-        c.close_after_flush = close
-        self.conns.add(c)
-        self.sel.register(s, selectors.EVENT_READ, ("conn", c))
-        if data:
-            self._write(c, data)
-        return c
+            self.io.dial(uid.root, Role.ONE_SHOT, hello + encode_frame(info.encode(self.layout)), close=True)
 
     # ---------------------------------------------------------------- the loop
-    def run(self, until: Callable[[], bool] = lambda: False) -> None:
-        """Serve until `stop()`, `until()` or an error (re-raised)."""
+    def run(self) -> None:
+        """Serve until `stop()` or an error (raised: the caller ends the run with it)."""
         if self.uid is None:
             raise NcclError("no unique id yet: real rank 0's comes through join()")
-        while not self.stopped and not until():
-            now = self.clock()
-            wait = min(max(self.relay.next_release() - now, 0.0), 0.2)
-            for key, mask in self.sel.select(wait):
-                kind, what = key.data
-                if kind == "listen":
-                    self._accept(key.fileobj, what)
-                elif kind == "profile":
+        while not self.stopped:
+            wait = min(max(self.relay.next_release() - self.clock(), 0.0), 0.2)
+            for event in self.io.poll(wait):
+                if event[0] == "accepted":
+                    tag = event[1]
+                    role = Role.NET_NEW if tag == "net" else Role.ROOT_IN if tag == "root" else Role.NODE_NEW
+                    self.io.accept_as(event[2], role, tag if role is Role.NODE_NEW else -1)
+                elif event[0] == "readable":
                     self._read_profile()
+                elif event[0] == "eof":
+                    self._eof(event[1])
                 else:
-                    self._service(what, mask)
+                    self._on_data(event[1], event[2])
             self._release()
 
     def stop(self) -> None:
         self.stopped = True
 
     def close(self) -> None:
-        for c in list(self.conns):
-            self._drop(c)
-        for s in [*self.node_listen.values(), self.net_listen, self.root_listen]:
-            if s is not None:
-                try:
-                    self.sel.unregister(s)
-                except (KeyError, ValueError):
-                    pass
-                s.close()
-        try:
-            self.sel.unregister(self.profile_fd)
-        except (KeyError, ValueError):
-            pass
-        self.sel.close()
-
-    def _accept(self, listener: socket.socket, what) -> None:
-        try:
-            s, _ = listener.accept()
-        except BlockingIOError:
-            return
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(False)
-        if what == "net":
-            c = Conn(s, Role.NET_NEW)
-        elif what == "root":
-            c = Conn(s, Role.ROOT_IN)
-        else:
-            c = Conn(s, Role.NODE_NEW, rank=what)
-        self.conns.add(c)
-        self.sel.register(s, selectors.EVENT_READ, ("conn", c))
-
-    def _service(self, c: Conn, mask: int) -> None:
-        if mask & selectors.EVENT_WRITE:
-            self._flush(c)
-        if mask & selectors.EVENT_READ and c in self.conns:
-            try:
-                data = c.sock.recv(READ)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionResetError:
-                data = b""
-            if not data:
-                self._eof(c)
-                return
-            self._on_data(c, data)
-
-    def _write(self, c: Conn, data: bytes) -> None:
-        c.outbuf += data
-        self._flush(c)
-
-    def _flush(self, c: Conn) -> None:
-        while c.outbuf:
-            try:
-                n = c.sock.send(c.outbuf)
-            except (BlockingIOError, InterruptedError):
-                break
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise NcclWireError(f"{c.role.value} (rank {c.rank}) closed while the controller wrote: "
-                                    f"{exc}") from None  # fmt: skip
-            del c.outbuf[:n]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbuf else 0)
-        if c in self.conns:
-            self.sel.modify(c.sock, events, ("conn", c))
-        if not c.outbuf and c.close_after_flush:
-            self._drop(c)
-
-    def _drop(self, c: Conn) -> None:
-        if c not in self.conns:
-            return
-        self.conns.discard(c)
-        try:
-            self.sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
-        c.sock.close()
+        self.io.close()
 
     def _eof(self, c: Conn) -> None:
-        """A peer closed: expected for one-shot messages and at the end; refused mid-protocol."""
-        if c.role in (Role.NODE_NEW, Role.ROOT_REPLY, Role.P2P_IN, Role.ROOT_IN) and c.inbuf:
-            raise NcclWireError(f"{c.role.value} (rank {c.rank}) closed with {len(c.inbuf)} bytes of a message")
-        if c.role == Role.P2P_IN and c.p2p is None:
-            raise NcclWireError(f"{c.role.value} (rank {c.rank}) closed before its message")
-        self._drop(c)
+        """A peer closed: expected for one-shot messages and at the end; refused mid-message."""
+        if c.inbuf or (c.role is Role.P2P_IN and (c.reader is None or not c.reader.finished)):
+            raise NcclWireError(f"{c} closed in the middle of a message")
+        self.io.drop(c)
 
     # ---------------------------------------------------------------- bytes in
     def _on_data(self, c: Conn, data: bytes) -> None:
@@ -327,31 +209,30 @@ class NcclLive:
             self.relay.feed(c.rank, c.channel, data, self.clock())
             return
         if c.role in (Role.RING_NEXT, Role.RING_PREV):
-            self._ring_feed(c.rank, RingSide.AS_NEXT if c.role is Role.RING_NEXT else RingSide.AS_PREV, data)
+            self.ring.feed(c.rank, RingSide.AS_NEXT if c.role is Role.RING_NEXT else RingSide.AS_PREV, data)
             return
         if c.role in (Role.ONE_SHOT, Role.NET_OUT):
-            raise NcclWireError(f"rank {c.rank} sent {len(data)} bytes on {c.role.value}, which carries none back")
+            raise NcclWireError(f"{c} got {len(data)} bytes back; it carries none that way")
         c.inbuf += data
         if c.role is Role.NODE_NEW:
             self._classify(c)
         elif c.role is Role.NET_NEW:
             self._name_net(c)
-        if c in self.conns:
-            if c.role is Role.ROOT_REPLY:
-                self._root_reply(c)
-            elif c.role is Role.P2P_IN:
-                self._p2p(c)
-            elif c.role is Role.ROOT_IN:
-                self._check_in(c)
+        if c.role is Role.ROOT_REPLY:
+            self._root_reply(c)
+        elif c.role is Role.P2P_IN:
+            self._p2p(c)
+        elif c.role is Role.ROOT_IN:
+            self._check_in(c)
 
     def _handshake(self, c: Conn, want: SocketType, magic: int) -> bool:
         """Strip and check the 12-byte connect handshake; False while it is incomplete."""
         if len(c.inbuf) < HANDSHAKE.size:
             return False
         got_magic, kind = decode_handshake(bytes(c.inbuf[: HANDSHAKE.size]))
-        if kind != want or (magic is not None and got_magic != magic):
-            raise NcclWireError(f"{c.role.value} (rank {c.rank}) opened with type {kind.name} magic {got_magic:#x}; "
-                                f"expected {want.name} magic {magic:#x}")  # fmt: skip
+        if kind != want or got_magic != magic:
+            raise NcclWireError(f"{c} opened with type {kind.name} magic {got_magic:#x}; expected {want.name} "
+                                f"magic {magic:#x}")  # fmt: skip
         del c.inbuf[: HANDSHAKE.size]
         return True
 
@@ -364,52 +245,44 @@ class NcclLive:
         e = c.rank
         if size == self.layout.root_reply_size:
             c.role = Role.ROOT_REPLY
-        elif size == 8:
+        elif size == P2P_FIRST:
             c.role = Role.P2P_IN
         elif size == self.layout.ring_info_size:
             prev = (e - 1) % self.world
             if prev not in self.members:
                 raise NcclWireError(f"a ring link reached emulated rank {e} from {prev}, which is not real")
+            if (prev, RingSide.AS_NEXT) in self.ring_conns:
+                raise NcclWireError(f"real rank {prev} opened a second ring link to emulated rank {e}")
             c.role, c.rank = Role.RING_NEXT, prev
             data, c.inbuf = bytes(c.inbuf), bytearray()
-            ring = self.rings[prev]
-            if ring.conns[RingSide.AS_NEXT] is not None:
-                raise NcclWireError(f"real rank {prev} opened a second ring link to emulated rank {e}")
-            ring.conns[RingSide.AS_NEXT] = c
-            self._flush_ring_pending(ring, RingSide.AS_NEXT)
-            self._ring_feed(prev, RingSide.AS_NEXT, data)
+            self._ring_conn(prev, RingSide.AS_NEXT, c)
+            self.ring.feed(prev, RingSide.AS_NEXT, data)
         else:
             raise NcclWireError(f"emulated rank {e}'s bootstrap port got a {size}-byte first frame: not a root reply "
-                                f"({self.layout.root_reply_size}), a p2p preamble (8) or a ring slice "
+                                f"({self.layout.root_reply_size}), a p2p preamble ({P2P_FIRST}) or a ring slice "
                                 f"({self.layout.ring_info_size})")  # fmt: skip
 
     def _root_reply(self, c: Conn) -> None:
+        """Real rank 0's root tells emulated rank e where e+1 listens: a real rank's address
+        is where the controller dials it as its predecessor."""
         n = SIZE.size + self.layout.root_reply_size
         if len(c.inbuf) < n:
             return
         info = bytes(c.inbuf[SIZE.size : n])
         del c.inbuf[:n]
-        e, nxt = c.rank, (c.rank + 1) % self.world
+        nxt = (c.rank + 1) % self.world
         addr = SockAddr.decode(info[:28])
         if nxt in self.members:
             self._dial_ring_prev(nxt, addr)
         elif info[:28] != self.node_addr[nxt]:
-            raise NcclWireError(f"the root told emulated rank {e} its successor is at {addr}, not the controller's "
-                                f"{SockAddr.decode(self.node_addr[nxt])}")  # fmt: skip
-
-    def _dial_ring_prev(self, rank: int, addr: SockAddr) -> None:
-        ring = self.rings[rank]
-        if ring.conns[RingSide.AS_PREV] is not None:
-            raise NcclWireError(f"real rank {rank}'s ring address came twice")
-        c = self._dial(addr, Role.RING_PREV, encode_handshake(self.uid.magic, SocketType.BOOTSTRAP), rank=rank)
-        ring.conns[RingSide.AS_PREV] = c
-        self._flush_ring_pending(ring, RingSide.AS_PREV)
+            raise NcclWireError(f"the root told emulated rank {c.rank} its successor is at {addr}, not the "
+                                f"controller's {SockAddr.decode(self.node_addr[nxt])}")  # fmt: skip
 
     def _check_in(self, c: Conn) -> None:
-        """A real rank checks in with the emulated root: keep it; once all have, reply."""
-        if not c.inbuf or (c.reader is None and not self._handshake(c, SocketType.BOOTSTRAP, self.uid.magic)):
-            return
+        """A real rank checks in with the emulated root: keep it; once all have, reply to each."""
         if c.reader is None:
+            if not self._handshake(c, SocketType.BOOTSTRAP, self.uid.magic):
+                return
             c.reader = FrameReader(self.layout.ext_info_size, what="a check-in", limit=1)
         data, c.inbuf = bytes(c.inbuf), bytearray()
         for payload in c.reader.feed(data):
@@ -421,28 +294,22 @@ class NcclLive:
             if info.rank in self.checked_in:
                 raise NcclWireError(f"rank {info.rank} checked in twice")
             self.checked_in[info.rank] = info
-            if (info.rank - 1) % self.world not in self.members:
-                self._dial_ring_prev(info.rank, SockAddr.decode(info.connect_info[:28]))
-        if len(self.checked_in) == len(self.real):
+            self._dial_ring_prev(info.rank, SockAddr.decode(info.connect_info[:28]))
+        if len(self.checked_in) == len(self.real) and c.reader.finished:
             hello = encode_handshake(self.uid.magic, SocketType.BOOTSTRAP)
             for r, info in sorted(self.checked_in.items()):
                 nxt = (r + 1) % self.world
-                ring = self.checked_in[nxt].connect_info if nxt in self.members else self.node_addr[nxt]
-                ring = bytes(ring) + bytes(self.layout.root_reply_size - len(ring))
-                self._dial(SockAddr.decode(info.listen_root), Role.ONE_SHOT, hello + encode_frame(ring), close=True)
+                addr = self.checked_in[nxt].connect_info if nxt in self.members else self.node_addr[nxt]
+                addr = bytes(addr) + bytes(self.layout.root_reply_size - len(addr))
+                self.io.dial(SockAddr.decode(info.listen_root), Role.ONE_SHOT, hello + encode_frame(addr), close=True)
 
     def _p2p(self, c: Conn) -> None:
         if c.p2p is None:
-            if len(c.inbuf) < SIZE.size + 8:
+            if len(c.inbuf) < SIZE.size + P2P_FIRST:
                 return
-            c.p2p = decode_p2p_preamble(bytes(c.inbuf[SIZE.size : SIZE.size + 8]))
-            del c.inbuf[: SIZE.size + 8]
+            c.p2p = decode_p2p_preamble(bytes(c.inbuf[SIZE.size : SIZE.size + P2P_FIRST]))
+            del c.inbuf[: SIZE.size + P2P_FIRST]
             c.reader = FrameReader(MAX_P2P, what=f"rank {c.p2p[0]}'s bootstrap message to rank {c.rank}", limit=1)
-        assert c.reader is not None
-        if c.reader.finished:
-            if c.inbuf:
-                raise NcclWireError(f"rank {c.p2p[0]} sent bytes after its bootstrap message to rank {c.rank}")
-            return
         data, c.inbuf = bytes(c.inbuf), bytearray()
         for payload in c.reader.feed(data):
             self._answer(c.p2p[0], c.rank, c.p2p[1], payload)
@@ -450,18 +317,16 @@ class NcclLive:
             raise NcclWireError(f"rank {c.p2p[0]} sent bytes after its bootstrap message to rank {c.rank}")
 
     def _answer(self, src: int, peer: int, tag: int, payload: bytes) -> None:
-        """A real rank's transport-setup message to emulated `peer`: answer it, and dial
-        (or expect) the Socket-net connections it sets up."""
+        """A real rank's transport-setup message to emulated `peer`: answer it, and dial the
+        Socket-net connections it sets up from the emulated side."""
         if src not in self.members:
             raise NcclWireError(f"a bootstrap message to rank {peer} names sender {src}, which is not a real rank")
-        if src not in self.p2p_addr:
+        if src not in self.ring.p2p_addr:
             raise NcclWireError(f"rank {src} sent a bootstrap message before its address went round the ring")
         reply = self.responders[src].respond(peer, tag, payload)
         wire = encode_handshake(self.uid.magic, SocketType.BOOTSTRAP) + encode_p2p_preamble(peer, tag)
-        self._dial(self.p2p_addr[src], Role.ONE_SHOT, wire + encode_frame(reply.payload), close=True)
-        if reply.sync:
-            return
-        if reply.role in (PeerRole.SENDS_TO_R, PeerRole.BOTH):
+        self.io.dial(self.ring.p2p_addr[src], Role.ONE_SHOT, wire + encode_frame(reply.payload), close=True)
+        if not reply.sync and reply.role in (PeerRole.SENDS_TO_R, PeerRole.BOTH):
             for position, blob in enumerate(reply.r_recv_infos):
                 handle_raw, _ = decode_recv_connect_info(self.layout, blob)
                 self._dial_net_out(src, position, SocketNetHandle.decode(handle_raw))
@@ -473,155 +338,71 @@ class NcclLive:
         if handle.n_socks != 0:
             raise NcclWireError(f"rank {rank}'s net handle asks for {handle.n_socks} data sockets; the launcher pins "
                                 "NCCL_SOCKET_NTHREADS=0 (one connection per peer)")  # fmt: skip
-        c = self._dial(handle.connect_addr, Role.NET_OUT, encode_net_socket_preamble(handle.magic, 0), rank=rank,
-                       channel=channel)  # fmt: skip
+        c = self.io.dial(handle.connect_addr, Role.NET_OUT, encode_net_socket_preamble(handle.magic, 0), rank=rank,
+                         channel=channel)  # fmt: skip
         self.net_out[key] = c
         if self.net_pending.get(key):
-            self._write(c, bytes(self.net_pending.pop(key)))
-
-    def _recv_handle_for(self, rank: int):
-        def handle(peer: int, tag: int, position: int) -> bytes:
-            return SocketNetHandle(self.net_addr, magic=TOKEN_BASE | rank << 8 | position).encode()
-
-        return handle
+            self.io.write(c, bytes(self.net_pending.pop(key)))
 
     def _name_net(self, c: Conn) -> None:
+        """A real rank dialled a handle the controller gave: its magic names the rank and channel."""
         n = HANDSHAKE.size + 1
         if len(c.inbuf) < n:
             return
         magic, index = decode_net_socket_preamble(bytes(c.inbuf[:n]))
         del c.inbuf[:n]
-        if magic & ~0xFFFFFF != TOKEN_BASE or index != 0:
+        rank, channel = token_owner(magic)
+        if rank is None or index != 0 or rank not in self.members or channel >= self.relay.config.channels:
             raise NcclWireError(f"a Socket-net connection with magic {magic:#x} socket {index}: not a handle the "
                                 "controller gave")  # fmt: skip
-        rank, channel = (magic >> 8) & 0xFFFF, magic & 0xFF
-        if rank not in self.members or channel >= self.relay.config.channels:
-            raise NcclWireError(f"a Socket-net connection names rank {rank} channel {channel}, not a real rank's")
         c.role, c.rank, c.channel = Role.NET_IN, rank, channel
         rest, c.inbuf = bytes(c.inbuf), bytearray()
         if rest:
             self.relay.feed(rank, channel, rest, self.clock())
 
-    # ---------------------------------------------------------------- the ring allgathers
-    def _ring_feed(self, rank: int, side: RingSide, data: bytes) -> None:
-        ring = self.rings[rank]
-        while data:
-            if ring.stepper is None:
-                if ring.index >= ALLGATHERS:
-                    raise NcclWireError(f"rank {rank} began bootstrap allgather {ring.index + 1} on its ring; NCCL's "
-                                        f"init sends {ALLGATHERS} (ringAllInfo, peerInfo, allGatherInfo)")  # fmt: skip
-                ring.stepper = RingAllGather(rank, self.world, self.layout.bidirectional_ring,
-                                             self._slot_of(ring.index), max_size=1 << 20)  # fmt: skip
-            st = ring.stepper
-            self._ring_out(ring, st.feed(side, data))
-            data = b""
-            if st.own is not None and rank not in self.slices[ring.index]:
-                self._own_slice(rank, ring.index, st.own)
-            if st.done:
-                rests = {s: st.leftover(s) for s in RingSide}
-                ring.stepper, ring.index = None, ring.index + 1
-                for s, rest in rests.items():
-                    if rest:
-                        self._ring_feed(rank, s, rest)
+    # ---------------------------------------------------------------- the ring's sockets
+    def _dial_ring_prev(self, rank: int, addr: SockAddr) -> None:
+        if (rank - 1) % self.world in self.members:
+            return
+        if (rank, RingSide.AS_PREV) in self.ring_conns:
+            raise NcclWireError(f"real rank {rank}'s ring address came twice")
+        hello = encode_handshake(self.uid.magic, SocketType.BOOTSTRAP)
+        self._ring_conn(rank, RingSide.AS_PREV, self.io.dial(addr, Role.RING_PREV, hello, rank=rank))
 
-    def _own_slice(self, rank: int, index: int, own: bytes) -> None:
-        """A real rank's own slice: check it against the layout, keep it, let the others go on."""
-        if index == 0:
-            check_own_ring_info(self.layout, own)
-            off = self.layout.ring_info_p2p_off
-            self.p2p_addr[rank] = SockAddr.decode(own[off : off + 28])
-        elif index == 1:
-            check_own_peer_info(self.layout, own, rank)
+    def _ring_conn(self, rank: int, side: RingSide, c: Conn) -> None:
+        self.ring_conns[(rank, side)] = c
+        pending = self.ring_pending.pop((rank, side), None)
+        if pending:
+            self.io.write(c, bytes(pending))
+
+    def _ring_write(self, rank: int, side: RingSide, data: bytes) -> None:
+        c = self.ring_conns.get((rank, side))
+        if c is None:
+            self.ring_pending.setdefault((rank, side), bytearray()).extend(data)
         else:
-            check_own_all_gather_info(self.layout, own, rank)
-        self.slices[index][rank] = own
-        for other in self.rings.values():
-            if other.stepper is not None and other.index == index:
-                self._ring_out(other, other.stepper.poke())
-
-    def _slot_of(self, index: int):
-        def slot(r: int, _own: bytes) -> bytes | None:
-            if r in self.members:
-                return self.slices[index].get(r)
-            template = self.slices[index].get(self.mirror)
-            if index == 0:
-                return clone_ring_info(self.layout, self.node_addr[r])
-            if template is None:
-                return None
-            if index == 1:
-                return clone_peer_info(self.layout, template, r)
-            return clone_all_gather_info(self.layout, template, r)
-
-        return slot
-
-    def _ring_out(self, ring: RingOfRank, writes: dict[RingSide, bytes]) -> None:
-        for side, data in writes.items():
-            if not data:
-                continue
-            c = ring.conns[side]
-            if c is None:
-                ring.pending[side] += data
-            else:
-                self._write(c, data)
-
-    def _flush_ring_pending(self, ring: RingOfRank, side: RingSide) -> None:
-        c = ring.conns[side]
-        if c is not None and ring.pending[side]:
-            self._write(c, bytes(ring.pending[side]))
-            ring.pending[side].clear()
+            self.io.write(c, data)
 
     # ---------------------------------------------------------------- collectives
     def _read_profile(self) -> None:
+        """The profiler's lines: each collective's start is the relay's cue."""
         try:
             data = os.read(self.profile_fd, 1 << 16)
-        except BlockingIOError:
-            return
         except OSError as exc:
-            if exc.errno == errno.EAGAIN:
+            if exc.errno in (errno.EAGAIN, errno.EINTR):
                 return
             raise
-        self.profile_buf += data
-        if len(self.profile_buf) > 1 << 20:
-            raise NcclError("the profiler's FIFO carries a line over 1 MiB: not the NeuronaBox profiler")
-        while b"\n" in self.profile_buf:
-            line, _, rest = bytes(self.profile_buf).partition(b"\n")
-            self.profile_buf = bytearray(rest)
-            self._profile_line(line)
-
-    def _profile_line(self, line: bytes) -> None:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            raise NcclError(f"the profiler's FIFO carried a line that is not JSON: {line[:80]!r}") from None
-        if doc.get("nccl") != "coll_start":
-            return
-        if doc.get("nranks") != self.world:
-            raise NcclError(f"rank {doc.get('rank')} started {doc.get('func')} on a communicator of "
-                            f"{doc.get('nranks')} ranks; the live NCCL dialect plays the world's only "
-                            f"({self.world})")  # fmt: skip
-        self.relay.collective(int(doc["rank"]), CollParams.from_line(doc), self.clock())
-        self._release()
+        for rank, params in self.profile.feed(data):
+            self.relay.collective(rank, params, self.clock())
 
     def _release(self) -> None:
-        now = self.clock()
-        for rank, channel, frame in self.relay.due(now):
+        for rank, channel, frame in self.relay.due(self.clock()):
             c = self.net_out.get((rank, channel))
             if c is None:
                 self.net_pending.setdefault((rank, channel), bytearray()).extend(frame)
             else:
-                self._write(c, frame)
+                self.io.write(c, frame)
         while self.relay.finished:
             inst = self.relay.finished.pop(0)
             self.collectives += 1
             if self.on_instance is not None:
                 self.on_instance(inst)
-
-
-def open_profile_fifo(path: str) -> tuple[int, int]:
-    """Make the FIFO the profiler plugin appends to and open it (read end, non-blocking;
-    plus a write end of our own, so it never reads as closed between the ranks' opens)."""
-    os.mkfifo(path, 0o600)
-    rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    return rfd, wfd
-

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks
-from neuronabox.schedules.nccl import NcclConfig, NcclRing, Source, pipeline_arrivals, ring_arrivals, ring_sources
+from neuronabox.schedules.nccl import NcclConfig, NcclRing, pipeline_arrivals, ring_arrivals
+from neuronabox.schedules.nccl_sources import Source, ring_sources
 
 from .errors import NcclError, NcclWireError
 from .wire import FrameReader, encode_frame
