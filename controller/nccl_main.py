@@ -116,7 +116,7 @@ def serve(args: argparse.Namespace) -> int:
         live = NcclLive(layout, args.world, real, relay, rfd, host=args.host, on_instance=on_instance)
         if 0 in real:
             print("ready", flush=True)
-            line = sys.stdin.readline().split()
+            line = sys.stdin.readline(1024).split()
             if len(line) != 2 or line[0] != "uid":
                 raise NeuronaBoxError(f"expected 'uid HEX' on stdin, got {' '.join(line)[:80]!r}")
             live.join(UniqueId.decode(bytes.fromhex(line[1])))

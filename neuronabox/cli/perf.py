@@ -12,6 +12,7 @@ from neuronabox.errors import NeuronaBoxError
 from neuronabox.launcher.interrupts import Interrupted, raised_as_interrupted, signum_of
 from neuronabox.limits import check_world, output_problem
 from neuronabox.perf.ladder import PerfError, make_spec
+from neuronabox.perf.rig import rig_job, run_rig_ladder
 from neuronabox.perf.run import run_ladder
 from neuronabox.perf.simulated import simulate_ladder
 from neuronabox.perf.table import TYPES, render
@@ -20,6 +21,8 @@ from neuronabox.schedules import Kind
 NAME = "perf"
 SUMMARY = "nccl-tests' benchmark (all_reduce_perf, ...) over an emulated world, or every rank real"
 GLOO_HAS_NO = {Kind.REDUCE_SCATTER: "reduce_scatter schedule", "avg": "avg reduction"}
+RIG_RUNS = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCE_SCATTER, Kind.BROADCAST)  # the rig's ring kernels
+RIG_ALL_REAL_MAX = 16
 
 
 def build_parser() -> ArgParser:
@@ -45,6 +48,7 @@ def build_parser() -> ArgParser:
     p.add_argument("-J", "--output_file", help="also write the rows as JSON to this file")
     p.add_argument("--backend", default="gloo", help="gloo or nccl (default gloo)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--nccl-channels", type=int, default=1, help="NCCL's channels, pinned (--backend nccl; default 1)")
     p.add_argument("--nnodes", type=int, default=8, help="emulated nodes (default 8)")
     p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
     p.add_argument("--real-ranks", help="the ranks that really run (default: node 0's)")
@@ -75,9 +79,27 @@ def refusal(ns) -> str | None:
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
     if ns.simulate and (ns.all_real or ns.backend != "gloo" or ns.data):
         return "--simulate replays the Gloo ladder with no process: drop --all-real, --backend and --data"
+    if ns.backend == "nccl" and ns.device == "cpu":
+        cause = rig_refusal(ns)
+        if cause:
+            return cause
+    elif ns.nccl_channels != 1:
+        return "--nccl-channels needs --backend nccl --device cpu (the rig); under torchrun use the launcher's flag"
     if ns.output_file and output_problem(ns.output_file):
         return f"-J {output_problem(ns.output_file)}"
     return check_world(ns.nnodes, ns.nproc_per_node)
+
+
+def rig_refusal(ns) -> str | None:
+    """What the NCCL rig cannot run (`--backend nccl --device cpu`), before anything starts."""
+    if not 1 <= ns.nccl_channels <= 16:
+        return f"--nccl-channels is 1 to 16 on the rig, got {ns.nccl_channels}"
+    if ns.data == "mirror":
+        return ("--data mirror: NCCL's wire does not carry a real rank's input, so the NCCL dialect's emulated ranks "
+                "contribute the reduction's identity (--data zeros; an allgather's emulated blocks mirror)")
+    if ns.all_real and ns.nnodes * ns.nproc_per_node > RIG_ALL_REAL_MAX:
+        return f"--all-real on the rig runs every rank as a process: at most {RIG_ALL_REAL_MAX} ranks"
+    return None
 
 
 def title_of(ns, spec, world: int) -> str:
@@ -88,7 +110,10 @@ def title_of(ns, spec, world: int) -> str:
     else:
         how = f"real ranks {ns.real_ranks}" if ns.real_ranks else f"real nodes {ns.real_nodes or '0'}"
     model = "" if ns.all_real else f", {ns.delay_model or 'alpha-beta'} on {ns.topology or 'cpu-25gbe'}"
-    return (f"NeuronaBox perf: {spec.coll.value} over {world} ranks ({how}), {ns.backend}{model}; "
+    backend = ns.backend
+    if backend == "nccl" and ns.device == "cpu":
+        backend = f"nccl on the CPU rig ({ns.nccl_channels} channel{'s' if ns.nccl_channels > 1 else ''})"
+    return (f"NeuronaBox perf: {spec.coll.value} over {world} ranks ({how}), {backend}{model}; "
             f"-n {spec.iters} -w {spec.warmup} -c {spec.check}")  # fmt: skip
 
 
@@ -107,6 +132,14 @@ def main(argv: list[str]) -> int:
         missing = GLOO_HAS_NO.get(spec.coll) or GLOO_HAS_NO.get(spec.op)
         if missing:
             cause = f"the Gloo dialect has no {missing} (use --backend nccl)"
+    if cause is None and ns.backend == "nccl" and ns.device == "cpu" and spec.coll not in RIG_RUNS:
+        cause = f"the NCCL rig's kernels run {', '.join(RIG_RUNS)}, not {spec.coll}"
+    rig = None
+    if cause is None and ns.backend == "nccl" and ns.device == "cpu":
+        try:
+            rig = rig_job(ns, spec, world)
+        except NeuronaBoxError as exc:
+            cause = str(exc)
     if cause is not None:
         print(f"neuronabox: error: {cause}", file=sys.stderr)
         return 2
@@ -118,10 +151,10 @@ def main(argv: list[str]) -> int:
         options.update(real_ranks=ns.real_ranks, real_nodes=ns.real_nodes)
     try:
         with raised_as_interrupted():
-            rows = _rows(ns, spec, options)
+            rows = _rows(ns, spec, options) if rig is None else run_rig_ladder(rig, keep=ns.keep)
     except NeuronaBoxError as exc:  # UsageError, PerfError (a bad simulation request): 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 1 if type(exc).__name__ == "LaunchError" else 2
+        return 1 if type(exc).__name__ in ("LaunchError", "RigRunError") else 2
     except (Interrupted, KeyboardInterrupt) as exc:  # the run is stopped already (run_job's cleanup)
         signum = signum_of(exc)
         print(f"neuronabox: interrupted ({signal.Signals(signum).name}); the run is stopped", file=sys.stderr)

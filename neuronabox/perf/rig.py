@@ -9,19 +9,27 @@ and, in an emulated run, the controller speaking NCCL's wire to it.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronabox.controller.config import real_ranks_of
+from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
+from neuronabox.controller.dialects.nccl.versions import layout_for
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.launcher.nccl_pins import NcclPins
-from neuronabox.launcher.nccl_rig import check_built, rank_env, verify_unmodified, wheel_library
+from neuronabox.launcher.nccl_rig import RigError, check_built, rank_env, verify_unmodified, wheel_library
+from neuronabox.launcher.torchrun_args import index_list
+from neuronabox.limits import read_tail
 from neuronabox.perf.ladder import PerfSpec
 from neuronabox.perf.run import rows_of
 from neuronabox.perf.table import Row
@@ -29,6 +37,13 @@ from neuronabox.perf.table import Row
 
 class RigRunError(NeuronaBoxError, RuntimeError):
     """A rig run that failed: a rank or the controller, named with its own last line."""
+
+
+class RigUsageError(NeuronaBoxError, ValueError):
+    """A rig run refused before anything starts."""
+
+
+RIG_REAL_MAX = 8  # real rig ranks in an emulated world: each is a process with NCCL's threads
 
 
 @dataclass
@@ -44,27 +59,95 @@ class RigJob:
     inject: list[str] = field(default_factory=list)
     policy: str = "zeros"
     timeout: float = 300.0
+    library: Path | None = None  # None: the wheel's, checked
+    nccl: str = "2.28.9"  # the release the library reports
+    nproc_per_node: int = 1
 
     @property
     def emulated(self) -> bool:
         return len(self.real) < self.world
 
 
+def nccl_version(path: Path) -> str:
+    """The release a libnccl reports (ncclGetVersion needs no driver)."""
+    lib = ctypes.CDLL(str(path))
+    code = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+        raise RigUsageError(f"{path}: ncclGetVersion failed")
+    v = code.value
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def rig_library() -> Path:
+    """The libnccl the rig loads: the wheel's, checked byte for byte against its RECORD, or
+    NEURONABOX_NCCL_LIBRARY (another build, not checked)."""
+    override = os.environ.get("NEURONABOX_NCCL_LIBRARY")
+    try:
+        check_built()
+        if override:
+            if not Path(override).is_file():
+                raise RigUsageError(f"NEURONABOX_NCCL_LIBRARY={override} is not a file")
+            return Path(override)
+        lib = wheel_library()
+        verify_unmodified(lib)
+    except RigError as exc:
+        raise RigUsageError(str(exc)) from None
+    return lib.path
+
+
+def rig_job(ns, spec: PerfSpec, world: int) -> RigJob:
+    """The rig job `neuronabox perf --backend nccl --device cpu` asks for, checked: real ranks
+    (each alone between emulated neighbours), the NCCL release (one the dialect speaks)."""
+    if ns.all_real:
+        real = list(range(world))
+    elif ns.real_ranks or ns.real_nodes:
+        flag, raw = ("--real-ranks", ns.real_ranks) if ns.real_ranks else ("--real-nodes", ns.real_nodes)
+        count, noun = (world, "rank") if ns.real_ranks else (ns.nnodes, "node")
+        listed = index_list(flag, raw, count, noun)
+        real = listed if ns.real_ranks else real_ranks_of(listed, ns.nproc_per_node, [])
+    else:
+        real = list(range(ns.nproc_per_node))
+    if not ns.all_real:
+        if len(real) > RIG_REAL_MAX:
+            raise RigUsageError(f"at most {RIG_REAL_MAX} real rig ranks in an emulated world, got {len(real)}")
+        close = [r for r in real if (r + 1) % world in real]
+        if close:
+            raise RigUsageError(f"real ranks {close[0]} and {(close[0] + 1) % world} are ring neighbours; the NCCL "
+                                "dialect plays real ranks with emulated ranks on both sides")  # fmt: skip
+    library = rig_library()
+    version = nccl_version(library)
+    if not ns.all_real:
+        try:
+            layout_for(version)
+        except UnsupportedNcclVersion as exc:
+            raise RigUsageError(str(exc)) from None
+    return RigJob([spec], world, real, channels=ns.nccl_channels, delay_model=ns.delay_model or "alpha-beta",
+                  topology=ns.topology or "cpu-25gbe", inject=list(ns.inject or []), policy=ns.data or "zeros",
+                  timeout=float(ns.timeout or 300), library=library, nccl=version,
+                  nproc_per_node=ns.nproc_per_node)  # fmt: skip
+
+
+def run_rig_ladder(job: RigJob, keep: str | None = None) -> list[Row]:
+    """`run_rig` in a temporary folder (kept in `keep` if asked): the one spec's rows."""
+    folder = Path(tempfile.mkdtemp(prefix="neuronabox-perf-rig-"))
+    try:
+        return run_rig(job, folder)[0]
+    finally:
+        if keep:
+            shutil.copytree(folder, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.fifo"))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
     """Run `job` in `folder` (its results, the trace, each process's output) and return one
     list of rows per spec."""
-    try:
-        check_built()
-        lib = wheel_library()
-        verify_unmodified(lib)
-    except NeuronaBoxError as exc:
-        raise RigRunError(str(exc)) from None
+    library = job.library or rig_library()
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / "trace.jsonl"
     fifo = folder / "profile.fifo"
     pins = NcclPins(job.world, channels=job.channels, trace=str(fifo) if job.emulated else "")
     (folder / "job.json").write_text(json.dumps({"specs": [s.to_json() for s in job.specs], "world": job.world,
-                                                 "real": job.real, "policy": job.policy, "nccl": str(lib.path),
+                                                 "real": job.real, "policy": job.policy, "nccl": str(library),
                                                  "out": str(folder)}))  # fmt: skip
     procs: dict[str, subprocess.Popen] = {}
     logs = []
@@ -75,7 +158,8 @@ def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
             cmd = [sys.executable, "-m", "neuronabox.controller.nccl_main", "--world", str(job.world),
                    "--real", ",".join(map(str, job.real)), "--channels", str(job.channels), "--profile", str(fifo),
                    "--trace", str(trace), "--delay-model", job.delay_model, "--topology", job.topology,
-                   "--timeout", str(job.timeout)]  # fmt: skip
+                   "--timeout", str(job.timeout), "--nccl", job.nccl,
+                   "--nproc-per-node", str(job.nproc_per_node)]  # fmt: skip
             for spec in job.inject:
                 cmd += ["--inject", spec]
             log = open(folder / "controller.log", "wb")
@@ -169,9 +253,8 @@ def _wait(procs: dict[str, subprocess.Popen], timeout: float, folder: Path) -> N
 
 def _last(path: Path) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        tail = read_tail(path, 4096).decode(errors="replace")
     except OSError:
         return "(no output)"
+    lines = [ln for ln in tail.splitlines() if ln.strip()]
     return lines[-1] if lines else "(no output)"

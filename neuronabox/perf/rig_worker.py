@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuronabox.limits import read_bounded
 from neuronabox.perf.expect import BLOCKED, expected, mirror_source, value
 from neuronabox.perf.ladder import PerfSpec
 from neuronabox.schedules import Kind
@@ -157,7 +158,7 @@ def run_size(rig: Rig, comm, stream, spec: PerfSpec, nbytes: int, rank: int, wor
 
 def main(argv: list[str]) -> int:
     job_path, rank_text = argv
-    job = json.loads(Path(job_path).read_text()[: 1 << 20])
+    job = json.loads(read_bounded(job_path, 1 << 20, "the rig job"))
     rank, world, real = int(rank_text), int(job["world"]), [int(r) for r in job["real"]]
     rig = Rig(job["nccl"])
     uid = UniqueId()

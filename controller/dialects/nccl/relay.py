@@ -102,7 +102,9 @@ class Instance:
     uses: dict[tuple[int, int, int], int]  # (Q, c, index) -> forwards still to make
     got: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
     arrived: dict[tuple[int, int], int] = field(default_factory=dict)  # IN stream -> frames in
-    entered: dict[int, float] = field(default_factory=dict)  # real rank -> when its start line came
+    lines: dict[int, float] = field(default_factory=dict)  # real rank -> when its start line came
+    entered: dict[int, float] = field(default_factory=dict)  # real rank -> when it began (its stream reached it)
+    ranks_done: dict[int, int] = field(default_factory=dict)  # real rank -> its streams done with this one
     left: dict[int, float] = field(default_factory=dict)  # real rank -> its last message, either way
     streams_done: set = field(default_factory=set)
 
@@ -141,6 +143,8 @@ class NcclRelay:
         self._in = {(r, c): _Stream() for r in self.in_ranks for c in range(config.channels)}
         self._out = {(r, c): _Stream() for r in self.out_ranks for c in range(config.channels)}
         self._instances: list[Instance] = []
+        self._rank_at = dict.fromkeys(self.real.sorted, 0)  # real rank -> the collective it is in (absolute)
+        self._rank_streams = {r: sum(k[0] == r for k in [*self._in, *self._out]) for r in self.real.sorted}
         self._base = 0  # absolute index of _instances[0]
         self._by_key: dict[tuple[Kind, int], int] = {}  # (kind, seq) -> absolute index
         self._last_seq: dict[Kind, int] = {}  # NCCL numbers each function's collectives on its own
@@ -166,7 +170,17 @@ class NcclRelay:
         inst = self._instances[at - self._base]
         if inst.params != params:
             raise NcclWireError(f"rank {rank} runs collective {params.seq} as {params}, another rank as {inst.params}")
-        inst.entered.setdefault(rank, now)
+        if rank in inst.lines:
+            return
+        inst.lines[rank] = now
+        if self._rank_at[rank] == at:
+            self._enter(inst, rank, now)
+
+    def _enter(self, inst: Instance, rank: int, now: float) -> None:
+        """`rank` begins `inst`: when its line came, or, if NCCL queued it behind the one
+        before (a start line comes at enqueue), when that one ended for it: collectives of
+        one communicator run one after the other on the real rank."""
+        inst.entered[rank] = max(inst.lines[rank], now)
         self._retime(inst, rank)
 
     def _instance(self, p: CollParams, now: float) -> Instance:
@@ -313,6 +327,13 @@ class NcclRelay:
 
     def _stream_done(self, inst: Instance, key: tuple, now: float) -> None:
         inst.streams_done.add(key)
+        rank = key[1]
+        inst.ranks_done[rank] = inst.ranks_done.get(rank, 0) + 1
+        if inst.ranks_done[rank] == self._rank_streams[rank]:
+            self._rank_at[rank] += 1
+            at = self._rank_at[rank] - self._base
+            if at < len(self._instances) and rank in self._instances[at].lines:
+                self._enter(self._instances[at], rank, now)
         if len(inst.streams_done) == len(self._in) + len(self._out):
             self.finished.append(inst)
             self._drop_finished()
