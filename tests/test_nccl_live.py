@@ -10,6 +10,7 @@ compared with what the data policy predicts (`neuronabox/perf/expect.py`), on ev
 from __future__ import annotations
 
 import json
+import random
 import struct
 import subprocess
 import sys
@@ -26,8 +27,9 @@ from neuronabox import delay_models, topology
 from neuronabox.perf.ladder import make_spec
 from neuronabox.perf.rig import RigJob, run_rig
 from neuronabox.schedules import Kind
+from neuronabox.schedules.gloo import RealRanks
 from neuronabox.schedules.nccl import NcclConfig, NcclRing
-from neuronabox.schedules.nccl_sources import Source, ring_sources
+from neuronabox.schedules.nccl_sources import Source, ring_sources, walk_sources
 from neuronabox.trace import records
 
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -62,6 +64,24 @@ def test_one_real_ranks_sources_are_the_echo_plan(kind, world, count, channels):
             got_at[m.channel] = k + 1
             want = None if echo is None else Source(r, per_channel_index[echo])
             assert sources[m.channel][k] == want, (r, m)
+
+
+def test_the_closed_form_sources_are_the_walked_ones():
+    """Any real ranks, kinds, roots, channel counts and ragged last loops: O(1) a message
+    equals following each message back hop by hop."""
+    rng = random.Random(7)
+    checked = 0
+    while checked < 120:
+        w = rng.randint(2, 12)
+        real = sorted(rng.sample(range(w), rng.randint(1, max(1, w // 2))))
+        if any((r + 1) % w in real for r in real):
+            continue
+        kind = rng.choice(KINDS)
+        ring = NcclRing(kind, w, rng.choice([1, 7, 100, 5000, 70_000, 300_000]), 4, root=rng.randrange(w),
+                        config=NcclConfig(channels=rng.choice([1, 2, 3])))  # fmt: skip
+        mirror = RealRanks(real, w).mirror
+        assert ring_sources(ring, real, mirror) == walk_sources(ring, real, mirror), (kind, w, real, ring.count)
+        checked += 1
 
 
 def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1, instances: int = 2):

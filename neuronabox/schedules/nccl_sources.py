@@ -30,9 +30,53 @@ def ring_sources(ring: NcclRing, real: list[int] | tuple[int, ...], mirror: int)
     emulated ranks unchanged) or None (zeros). Real ranks whose predecessor is real are left
     out: their link is real.
 
-    An emulated rank's own allgather block is the `mirror` rank's: its first send of the
-    same loop, at the same index (every ring rank runs the same program shape). Tracing
-    back one emulated rank at a time is at most one loop of ops deep."""
+    Closed form, O(1) a message: every ring rank runs the same ops in each loop (on rotated
+    blocks), and what a rank receives in the loop's op j its predecessor sent in op j-1. So
+    the message left the loop's first op (a send of its own) j hops upstream; if a real rank
+    sits d <= j hops up, it is that rank's message of op j-d; otherwise it is an emulated
+    rank's own: zeros, or for an allgather the `mirror` rank's own block at the same index.
+    A broadcast's message comes from the root, or from a real rank on the way.
+    `walk_sources` follows each message hop by hop: the reference this is tested against."""
+    members = sorted(set(real))
+    w = ring.world
+    out: dict[int, dict[int, list]] = {}
+    for r in members:
+        if (r - 1) % w in members:
+            continue
+        d = min((r - x) % w or w for x in members)  # the nearest real rank upstream
+        up = (r - d) % w
+        chans: dict[int, list] = {}
+        for ch, ops in ring.program(r).items():
+            srcs: list = []
+            if ring.kind == Kind.BROADCAST:
+                n = sum(len(op.slices) for op in ops if op.recv)
+                src = [Source(up, k) for k in range(n)] if d <= (r - ring.root) % w else [None] * n
+                chans[ch] = src
+                continue
+            first_send, loop_start, sent = [], 0, 0
+            for o, op in enumerate(ops):
+                if op.send and not op.recv:
+                    loop_start = o
+                first_send.append(sent)
+                sent += len(op.slices) if op.send else 0
+                if not op.recv:
+                    continue
+                j = o - loop_start
+                for i in range(len(op.slices)):
+                    if d <= j:
+                        srcs.append(Source(up, first_send[o - d] + i))
+                    elif ring.kind == Kind.ALLGATHER:
+                        srcs.append(Source(mirror, first_send[loop_start] + i))
+                    else:
+                        srcs.append(None)
+            chans[ch] = srcs
+        out[r] = chans
+    return out
+
+
+def walk_sources(ring: NcclRing, real: list[int] | tuple[int, ...], mirror: int) -> dict[int, dict[int, list]]:
+    """`ring_sources` the long way: each message followed back one emulated sender at a
+    time (O(W) a message). The reference the closed form is checked against."""
     members = set(real)
     w = ring.world
     out: dict[int, dict[int, list]] = {}

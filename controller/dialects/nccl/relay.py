@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuronabox.topology import LinkClass
+
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks
 from neuronabox.schedules.nccl import NcclConfig, NcclRing, pipeline_arrivals, ring_arrivals
@@ -30,6 +32,8 @@ from neuronabox.schedules.nccl_sources import Source, ring_sources
 
 from .errors import NcclError, NcclWireError
 from .wire import FrameReader, encode_frame
+
+PLAN_CACHE = 256  # shapes kept (a DDP step has a handful)
 
 # NCCL's profiler names (ncclFuncToString, ncclDatatypeToString) -> ours
 FUNCS = {"AllReduce": Kind.ALLREDUCE, "AllGather": Kind.ALLGATHER, "ReduceScatter": Kind.REDUCE_SCATTER,
@@ -96,7 +100,8 @@ class Instance:
     ring: NcclRing
     created: float
     predicted: float
-    hop_latency: float
+    hop: LinkClass
+    work: float
     sends: dict[tuple[int, int], list[int]]  # IN (R, c) -> the sizes R sends
     outs: dict[tuple[int, int], list[_Out]]  # OUT (R, c) -> what the controller sends R
     uses: dict[tuple[int, int, int], int]  # (Q, c, index) -> forwards still to make
@@ -111,6 +116,16 @@ class Instance:
     @property
     def boundary_messages(self) -> int:
         return sum(map(len, self.sends.values())) + sum(map(len, self.outs.values()))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One shape's messages on every stream (`NcclRelay._plan`)."""
+
+    ring: NcclRing
+    sends: dict[tuple[int, int], list[int]]
+    outs: dict[tuple[int, int], list[tuple[int, Source | None]]]
+    uses: dict[tuple[int, int, int], int]
 
 
 class _Stream:
@@ -143,6 +158,7 @@ class NcclRelay:
         self._in = {(r, c): _Stream() for r in self.in_ranks for c in range(config.channels)}
         self._out = {(r, c): _Stream() for r in self.out_ranks for c in range(config.channels)}
         self._instances: list[Instance] = []
+        self._plans: dict[tuple, _Plan] = {}
         self._rank_at = dict.fromkeys(self.real.sorted, 0)  # real rank -> the collective it is in (absolute)
         self._rank_streams = {r: sum(k[0] == r for k in [*self._in, *self._out]) for r in self.real.sorted}
         self._base = 0  # absolute index of _instances[0]
@@ -184,6 +200,22 @@ class NcclRelay:
         self._retime(inst, rank)
 
     def _instance(self, p: CollParams, now: float) -> Instance:
+        plan = self._plan(p)
+        ring = plan.ring
+        timing = self.timing
+        hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
+        work = ring.edge_work(timing.work)
+        predicted = timing.whatif.entry_delay(p.kind) + ring.free_time(hop, work)
+        outs = {key: [_Out(n, src) for n, src in msgs] for key, msgs in plan.outs.items()}
+        return Instance(p, ring, now, predicted, hop, work, plan.sends, outs, dict(plan.uses))
+
+    def _plan(self, p: CollParams) -> _Plan:
+        """What a collective of this shape moves on every stream: built once per shape (a
+        training step repeats its shapes) and shared by its instances."""
+        key = (p.kind, p.count, p.elem, p.root, p.channels)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
         if p.root < 0 or p.root >= self.world:
             raise NcclWireError(f"collective {p.seq} has root {p.root} outside the world of {self.world}")
         ring = NcclRing(p.kind, self.world, p.count, p.elem, root=p.root, config=self.config)
@@ -192,29 +224,23 @@ class NcclRelay:
             raise NcclWireError(f"NCCL ran {p.kind} seq {p.seq} ({p.count} x {p.elem} B) on {p.channels} channel(s); "
                                 f"the schedule says {used}: the channel partition is out of step with NCCL")
         sources = ring_sources(ring, self.real.sorted, self.real.mirror)
-        sends: dict[tuple[int, int], list[int]] = {}
-        for r in self.in_ranks:
-            for c in range(self.config.channels):
-                sends[(r, c)] = [m.nbytes for m in ring.sends(r) if m.channel == c]
-        outs: dict[tuple[int, int], list[_Out]] = {}
+        channels = range(self.config.channels)
+        sends = {(r, c): [m.nbytes for m in ring.sends(r) if m.channel == c] for r in self.in_ranks for c in channels}
+        outs: dict[tuple[int, int], list[tuple[int, Source | None]]] = {}
         uses: dict[tuple[int, int, int], int] = {}
-        recv_sizes = {r: ring.recvs(r) for r in self.out_ranks}
         for r in self.out_ranks:
-            for c in range(self.config.channels):
-                sizes = [m.nbytes for m in recv_sizes[r] if m.channel == c]
+            recvs = ring.recvs(r)
+            for c in channels:
+                sizes = [m.nbytes for m in recvs if m.channel == c]
                 srcs = sources.get(r, {}).get(c, [])
-                outs[(r, c)] = [_Out(n, s) for n, s in zip(sizes, srcs, strict=True)]
-                for s in srcs:
-                    if s is not None:
-                        uses[(s.rank, c, s.index)] = uses.get((s.rank, c, s.index), 0) + 1
-        timing = self.timing
-        hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
-        work = ring.edge_work(timing.work)
-        predicted = timing.whatif.entry_delay(p.kind) + ring.free_time(hop, work)
-        inst = Instance(p, ring, now, predicted, hop.latency, sends, outs, uses)
-        inst.hop = hop  # type: ignore[attr-defined]
-        inst.work = work  # type: ignore[attr-defined]
-        return inst
+                outs[(r, c)] = list(zip(sizes, srcs, strict=True))
+                for src in srcs:
+                    if src is not None:
+                        uses[(src.rank, c, src.index)] = uses.get((src.rank, c, src.index), 0) + 1
+        if len(self._plans) >= PLAN_CACHE:
+            self._plans.pop(next(iter(self._plans)))
+        plan = self._plans[key] = _Plan(ring, sends, outs, uses)
+        return plan
 
     def _priced_bytes(self, p: CollParams) -> int:
         return p.nbytes * (self.world if p.kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
@@ -224,7 +250,7 @@ class NcclRelay:
         if rank not in self.out_ranks or not self.timing.active:
             return
         t0 = inst.entered[rank] + self.timing.whatif.entry_delay(inst.params.kind)
-        ring, hop, work = inst.ring, inst.hop, inst.work  # type: ignore[attr-defined]
+        ring, hop, work = inst.ring, inst.hop, inst.work
         for part in ring.parts:
             outs = inst.outs[(rank, part.channel)]
             if ring.kind == Kind.BROADCAST:
