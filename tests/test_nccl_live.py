@@ -102,10 +102,9 @@ def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1,
         inbox = {key: [] for key in steps}
         for _ in range(100_000):
             moved = False
-            for r, c, frame in relay.due(0.0):
-                (n,) = struct.unpack_from("<i", frame)
-                inbox[(r, c)].append(frame[4:])
-                assert len(frame) == 4 + n
+            for r, c, head, payload in relay.due(0.0):
+                assert struct.unpack("<i", head) == (len(payload),)
+                inbox[(r, c)].append(payload)
                 moved = True
             for key, prog in steps.items():
                 while pos[key] < len(prog):

@@ -395,12 +395,12 @@ class NcclLive:
             self.relay.collective(rank, params, self.clock())
 
     def _release(self) -> None:
-        for rank, channel, frame in self.relay.due(self.clock()):
+        for rank, channel, head, payload in self.relay.due(self.clock()):
             c = self.net_out.get((rank, channel))
             if c is None:
-                self.net_pending.setdefault((rank, channel), bytearray()).extend(frame)
+                self.net_pending.setdefault((rank, channel), bytearray()).extend(head + payload)
             else:
-                self.io.write(c, frame)
+                self.io.write(c, head, payload)
         while self.relay.finished:
             inst = self.relay.finished.pop(0)
             self.collectives += 1

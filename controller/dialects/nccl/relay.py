@@ -31,7 +31,7 @@ from neuronabox.schedules.nccl import NcclConfig, NcclRing, pipeline_arrivals, r
 from neuronabox.schedules.nccl_sources import Source, ring_sources
 
 from .errors import NcclError, NcclWireError
-from .wire import FrameReader, encode_frame
+from .wire import SIZE, FrameReader
 
 PLAN_CACHE = 256  # shapes kept (a DDP step has a handful)
 
@@ -268,22 +268,24 @@ class NcclRelay:
         st = self._in.get((rank, channel))
         if st is None:
             raise NcclWireError(f"rank {rank} sent data on channel {channel}, which no stream of the controller has")
-        st.pending += data
+        self._parse(rank, channel, st, now, data)
         if len(st.pending) > self.buffer_limit:
             raise NcclWireError(f"rank {rank} sent {len(st.pending)} bytes on channel {channel} ahead of any "
                                 "collective the profiler announced (is the profiler plugin loaded?)")  # fmt: skip
-        self._parse(rank, channel, st, now)
 
-    def _parse(self, rank: int, channel: int, st: _Stream, now: float) -> None:
+    def _parse(self, rank: int, channel: int, st: _Stream, now: float, data: bytes = b"") -> None:
+        """Frames of each collective in turn; what no announced collective claims waits in `pending`."""
         key = (rank, channel)
+        if st.pending:
+            data, st.pending = bytes(st.pending) + data, bytearray()
         while st.at < self._base + len(self._instances):
             inst = self._instances[st.at - self._base]
             sizes = inst.sends[key]
             if st.reader is None:
                 st.reader = FrameReader(max(sizes, default=0), what=f"rank {rank}'s net frame on channel {channel}",
                                         limit=len(sizes))  # fmt: skip
-            data, st.pending = bytes(st.pending), bytearray()
             frames = st.reader.feed(data) if data else []
+            data = b""
             for payload in frames:
                 i = inst.arrived.get(key, 0)
                 if len(payload) != sizes[i]:
@@ -296,14 +298,16 @@ class NcclRelay:
                 inst.left[rank] = now
             if not st.reader.finished:
                 return
-            st.pending = bytearray(st.reader.rest)
+            data = st.reader.rest
             st.reader = None
             self._stream_done(inst, ("in",) + key, now)
             st.at += 1
+        if data:
+            st.pending += data
 
-    def due(self, now: float) -> list[tuple[int, int, bytes]]:
-        """(real rank, channel, frame) to write now, in order per stream."""
-        out: list[tuple[int, int, bytes]] = []
+    def due(self, now: float) -> list[tuple[int, int, bytes, bytes]]:
+        """(real rank, channel, size header, payload) to write now, in order per stream."""
+        out: list[tuple[int, int, bytes, bytes]] = []
         for key, st in self._out.items():
             while st.at < self._base + len(self._instances):
                 inst = self._instances[st.at - self._base]
@@ -327,7 +331,7 @@ class NcclRelay:
                         if len(payload) != m.nbytes:
                             raise NcclWireError(f"rank {m.source.rank}'s message {m.source.index} is {len(payload)} "
                                                 f"bytes; rank {key[0]} posts {m.nbytes}")  # fmt: skip
-                    out.append((key[0], key[1], encode_frame(payload)))
+                    out.append((key[0], key[1], SIZE.pack(len(payload)), payload))
                     st.next_out += 1
                     inst.left[key[0]] = now
                     continue

@@ -4,9 +4,11 @@ into events (`accepted`, `data`, `eof`, `readable`) and buffers what the driver 
 
 from __future__ import annotations
 
+import itertools
 import os
 import selectors
 import socket
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -15,6 +17,7 @@ from .errors import NcclWireError
 from .wire import FrameReader, SockAddr
 
 READ = 1 << 18
+IOV_MAX = 64  # buffers one sendmsg takes
 
 
 class Role(Enum):
@@ -37,7 +40,7 @@ class Conn:
     rank: int = -1  # the emulated rank (NODE_NEW, ROOT_REPLY, P2P_IN) or the real rank (the rest)
     channel: int = -1
     inbuf: bytearray = field(default_factory=bytearray)
-    outbuf: bytearray = field(default_factory=bytearray)
+    outq: deque = field(default_factory=deque)  # buffers still to write, in order (never copied together)
     close_after_flush: bool = False
     reader: FrameReader | None = None
     p2p: tuple[int, int] | None = None  # (src rank, tag) once its preamble came
@@ -118,25 +121,34 @@ class SocketLoop:
     def accept_as(self, s: socket.socket, role: Role, rank: int = -1) -> Conn:
         return self._add(s, role, rank)
 
-    def write(self, c: Conn, data: bytes) -> None:
-        c.outbuf += data
-        self._flush(c)
+    def write(self, c: Conn, *chunks: bytes) -> None:
+        """Queue `chunks` (a frame's header and payload apart: no copy joins them) and write
+        what the socket takes now."""
+        was_waiting = bool(c.outq)
+        c.outq.extend(memoryview(b) for b in chunks if len(b))
+        if not was_waiting:
+            self._flush(c)
 
     def _flush(self, c: Conn) -> None:
-        while c.outbuf:
+        q = c.outq
+        while q:
             try:
-                n = c.sock.send(c.outbuf)
+                n = c.sock.sendmsg(list(itertools.islice(q, IOV_MAX)))
             except (BlockingIOError, InterruptedError):
                 break
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise NcclWireError(f"{c} closed while the controller wrote to it: {exc}") from None
-            del c.outbuf[:n]
+            while n and n >= len(q[0]):
+                n -= len(q.popleft())
+            if n:
+                q[0] = q[0][n:]
+                break
         if c not in self.conns:
             return
-        if not c.outbuf and c.close_after_flush:
+        if not q and c.close_after_flush:
             self.drop(c)
             return
-        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if c.outbuf else 0), ("conn", c))
+        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if q else 0), ("conn", c))
 
     def drop(self, c: Conn) -> None:
         if c not in self.conns:

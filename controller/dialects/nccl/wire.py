@@ -143,7 +143,10 @@ class FrameReader:
         self.what = what
         self.limit = limit
         self.count = 0  # complete frames returned so far
-        self._buf = bytearray()
+        self._head = bytearray()  # a size header in pieces
+        self._parts: list[bytes] = []  # the frame in progress, in the pieces it came in
+        self._have = 0
+        self._rest = bytearray()  # what came after the `limit`-th frame
         self._declared: int | None = None
 
     @property
@@ -158,30 +161,50 @@ class FrameReader:
     @property
     def rest(self) -> bytes:
         """Bytes held but not consumed (beyond `limit`, or an incomplete frame)."""
-        return bytes(self._buf)
+        return bytes(self._head) + b"".join(self._parts) + bytes(self._rest)
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
+        """Complete payloads in order. A payload that arrives whole is copied once; one
+        that spans reads is joined once when its last piece comes."""
         out: list[bytes] = []
+        if self.finished:
+            self._rest += data
+            return out
+        view = memoryview(data)
+        pos, end = 0, len(view)
         while not self.finished:
             if self._declared is None:
-                if len(self._buf) < SIZE.size:
+                take = view[pos : pos + SIZE.size - len(self._head)]
+                self._head += take
+                pos += len(take)
+                if len(self._head) < SIZE.size:
                     break
-                (size,) = SIZE.unpack_from(self._buf, 0)
+                (size,) = SIZE.unpack(self._head)
                 if size < 0 or size > self.max_size:
+                    self._head = self._head[: SIZE.size]  # kept: the stream stays refused, it never resyncs
                     raise NcclWireError(
                         f"{self.what} declares {size} bytes, more than the {self.max_size} expected"
                         if size >= 0
                         else f"{self.what} declares a negative size {size}"
                     )
-                del self._buf[: SIZE.size]
+                self._head = bytearray()
                 self._declared = size
-            if len(self._buf) < self._declared:
-                break
-            out.append(bytes(self._buf[: self._declared]))
-            del self._buf[: self._declared]
+            take = view[pos : pos + self._declared - self._have]
+            pos += len(take)
+            if not self._parts and len(take) == self._declared:
+                payload = take.tobytes()
+            else:
+                self._parts.append(take.tobytes())
+                self._have += len(take)
+                if self._have < self._declared:
+                    break
+                payload = b"".join(self._parts)
+                self._parts, self._have = [], 0
+            out.append(payload)
             self._declared = None
             self.count += 1
+        if pos < end:
+            self._rest += view[pos:]
         return out
 
 
