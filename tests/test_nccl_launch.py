@@ -80,7 +80,7 @@ def test_the_launcher_refuses_an_nccl_setup_in_one_line_before_starting_anything
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("neuronabox: error: "), out.stderr
-    assert any(s in lines[0] for s in ("has no NCCL", "is not spoken", "live controller is not built"))
+    assert any(s in lines[0] for s in ("has no NCCL", "is not spoken", "are not played yet"))
     assert "controller" not in out.stdout
     assert took < 110
 

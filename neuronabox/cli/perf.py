@@ -79,19 +79,20 @@ def refusal(ns) -> str | None:
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
     if ns.simulate and (ns.all_real or ns.backend != "gloo" or ns.data):
         return "--simulate replays the Gloo ladder with no process: drop --all-real, --backend and --data"
-    if ns.backend == "nccl" and ns.device == "cpu":
+    if ns.backend == "nccl":
         cause = rig_refusal(ns)
         if cause:
             return cause
     elif ns.nccl_channels != 1:
-        return "--nccl-channels needs --backend nccl --device cpu (the rig); under torchrun use the launcher's flag"
+        return "--nccl-channels needs --backend nccl"
     if ns.output_file and output_problem(ns.output_file):
         return f"-J {output_problem(ns.output_file)}"
     return check_world(ns.nnodes, ns.nproc_per_node)
 
 
 def rig_refusal(ns) -> str | None:
-    """What the NCCL rig cannot run (`--backend nccl --device cpu`), before anything starts."""
+    """What the NCCL path cannot run (ranks calling libnccl directly: the rig on cpu, the GPU
+    on cuda), before anything starts."""
     if not 1 <= ns.nccl_channels <= 16:
         return f"--nccl-channels is 1 to 16 on the rig, got {ns.nccl_channels}"
     if ns.data == "mirror":
@@ -111,8 +112,9 @@ def title_of(ns, spec, world: int) -> str:
         how = f"real ranks {ns.real_ranks}" if ns.real_ranks else f"real nodes {ns.real_nodes or '0'}"
     model = "" if ns.all_real else f", {ns.delay_model or 'alpha-beta'} on {ns.topology or 'cpu-25gbe'}"
     backend = ns.backend
-    if backend == "nccl" and ns.device == "cpu":
-        backend = f"nccl on the CPU rig ({ns.nccl_channels} channel{'s' if ns.nccl_channels > 1 else ''})"
+    if backend == "nccl":
+        where = "the CPU rig" if ns.device == "cpu" else "the GPU"
+        backend = f"nccl on {where} ({ns.nccl_channels} channel{'s' if ns.nccl_channels > 1 else ''})"
     return (f"NeuronaBox perf: {spec.coll.value} over {world} ranks ({how}), {backend}{model}; "
             f"-n {spec.iters} -w {spec.warmup} -c {spec.check}")  # fmt: skip
 
@@ -132,10 +134,10 @@ def main(argv: list[str]) -> int:
         missing = GLOO_HAS_NO.get(spec.coll) or GLOO_HAS_NO.get(spec.op)
         if missing:
             cause = f"the Gloo dialect has no {missing} (use --backend nccl)"
-    if cause is None and ns.backend == "nccl" and ns.device == "cpu" and spec.coll not in RIG_RUNS:
-        cause = f"the NCCL rig's kernels run {', '.join(RIG_RUNS)}, not {spec.coll}"
+    if cause is None and ns.backend == "nccl" and spec.coll not in RIG_RUNS:
+        cause = f"the NCCL dialect plays {', '.join(RIG_RUNS)} (NCCL's ring), not {spec.coll}"
     rig = None
-    if cause is None and ns.backend == "nccl" and ns.device == "cpu":
+    if cause is None and ns.backend == "nccl":
         try:
             rig = rig_job(ns, spec, world)
         except NeuronaBoxError as exc:

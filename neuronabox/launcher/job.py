@@ -374,9 +374,9 @@ def check_nccl(nccl: NcclPins, env: dict[str, str]) -> None:
     except (NcclSetupError, UnsupportedNcclVersion) as exc:
         raise UsageError(str(exc)) from None
     print(nccl.summary(), flush=True)
-    # The sans-IO layers (versions, layouts, bootstrap, setup, schedules, plugins) exist and
-    # are tested on CPU; the live controller that drives them waits for a run on a GPU.
+    # The live controller plays NCCL ranks called directly (`neuronabox perf --backend nccl`,
+    # on the rig or a GPU); under torchrun it also needs the unique id from torch's c10d store.
     raise UsageError(
-        f"NCCL {version} is spoken, but the NCCL dialect's live controller is not built yet "
-        "(it needs its bootstrap checked on a GPU first; see docs/nccl_wire.md): nothing was started"
+        f"NCCL {version} is spoken, but torchrun's NCCL ranks are not played yet (the unique id through "
+        "torch's store); `neuronabox perf --backend nccl` runs NCCL ranks against the controller: nothing was started"
     )

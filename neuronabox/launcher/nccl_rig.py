@@ -21,7 +21,7 @@ from neuronabox.launcher.nccl_pins import NcclPins
 RIG_DIR = Path(__file__).resolve().parents[2] / "nccl_patch" / "build" / "rig"
 RIG_DRIVER = RIG_DIR / "libcuda.so.1"
 RIG_NVML = RIG_DIR / "libnvidia-ml.so.1"
-WHEEL = "nvidia-nccl-cu12"
+WHEELS = ("nvidia-nccl-cu12", "nvidia-nccl-cu13")  # the dev extra's; a CUDA 13 torch's
 
 
 class RigError(NeuronaBoxError):
@@ -39,14 +39,16 @@ def wheel_library() -> WheelLibrary:
     """The wheel's libnccl.so.2 and the hash its RECORD holds for it."""
     import importlib.metadata as metadata
 
-    try:
-        dist = metadata.distribution(WHEEL)
-    except metadata.PackageNotFoundError:
-        raise RigError(f"the rig needs the {WHEEL} wheel (pip install -e '.[dev]')") from None
-    for entry in dist.files or ():
-        if entry.name == "libnccl.so.2" and entry.hash is not None:
-            return WheelLibrary(Path(entry.locate()), entry.hash.value, int(entry.size or 0))
-    raise RigError(f"the {WHEEL} wheel's RECORD lists no libnccl.so.2")
+    for wheel in WHEELS:
+        try:
+            dist = metadata.distribution(wheel)
+        except metadata.PackageNotFoundError:
+            continue
+        for entry in dist.files or ():
+            if entry.name == "libnccl.so.2" and entry.hash is not None:
+                return WheelLibrary(Path(entry.locate()), entry.hash.value, int(entry.size or 0))
+        raise RigError(f"the {wheel} wheel's RECORD lists no libnccl.so.2")
+    raise RigError(f"the rig needs the {WHEELS[0]} wheel (pip install -e '.[dev]')")
 
 
 def record_hash(path: Path) -> str:
@@ -73,13 +75,12 @@ def check_built() -> None:
             raise RigError(f"{part} is not built; run make -C nccl_patch")
 
 
-def rank_env(rank: int, pins: NcclPins) -> dict[str, str]:
-    """What a rig rank adds to its environment: the rig's driver first on the library path,
-    and a node of its own (NCCL_HOSTID), so NCCL connects every peer through its NET transport."""
-    return {
-        **pins.env(),
-        "LD_LIBRARY_PATH": str(RIG_DIR),
-        "NCCL_HOSTID": f"nbx-rig-node-{rank}",
-        "CUDA_VISIBLE_DEVICES": "0",
-        "CUDA_MODULE_LOADING": "EAGER",
-    }
+def rank_env(rank: int, pins: NcclPins, device: str = "cpu") -> dict[str, str]:
+    """What a rank adds to its environment: a node of its own (NCCL_HOSTID), so NCCL connects
+    every peer through its NET transport, and on the rig (device "cpu") the rig's driver first
+    on the library path; on "cuda" the machine's own driver and GPU 0 (several ranks may
+    share it: each is its own node to NCCL)."""
+    env = {**pins.env(), "NCCL_HOSTID": f"nbx-rig-node-{rank}", "CUDA_VISIBLE_DEVICES": "0"}
+    if device == "cpu":
+        env.update(LD_LIBRARY_PATH=str(RIG_DIR), CUDA_MODULE_LOADING="EAGER")
+    return env

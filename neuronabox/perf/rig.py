@@ -1,6 +1,7 @@
-"""A perf ladder on the NCCL CPU rig: the real ranks are the wheel's unmodified libnccl on
-the rig's driver (`rig_worker.py`), the emulated ones the controller's NCCL dialect
-(`python -m neuronabox.controller.nccl_main`), or every rank real (`--all-real`).
+"""A perf ladder of NCCL ranks called directly (`rig_worker.py`, ctypes, as nccl-tests calls
+NCCL): the wheel's unmodified libnccl on the rig's CUDA driver (`--device cpu`) or on the
+machine's own driver and GPU (`--device cuda`); the emulated ranks are the controller's NCCL
+dialect (`python -m neuronabox.controller.nccl_main`), or every rank is real (`--all-real`).
 
 What is emulated here: the CUDA driver and NCCL's kernels (CPU code in the rig). What is
 real: all of NCCL's host side (bootstrap, topology, transport setup, proxy, Socket net)
@@ -62,6 +63,7 @@ class RigJob:
     library: Path | None = None  # None: the wheel's, checked
     nccl: str = "2.28.9"  # the release the library reports
     nproc_per_node: int = 1
+    device: str = "cpu"  # cpu: the rig's driver and kernels; cuda: the machine's driver and GPU
 
     @property
     def emulated(self) -> bool:
@@ -78,12 +80,13 @@ def nccl_version(path: Path) -> str:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
-def rig_library() -> Path:
-    """The libnccl the rig loads: the wheel's, checked byte for byte against its RECORD, or
+def rig_library(device: str = "cpu") -> Path:
+    """The libnccl the ranks load: the wheel's, checked byte for byte against its RECORD, or
     NEURONABOX_NCCL_LIBRARY (another build, not checked)."""
     override = os.environ.get("NEURONABOX_NCCL_LIBRARY")
     try:
-        check_built()
+        if device == "cpu":
+            check_built()
         if override:
             if not Path(override).is_file():
                 raise RigUsageError(f"NEURONABOX_NCCL_LIBRARY={override} is not a file")
@@ -114,7 +117,7 @@ def rig_job(ns, spec: PerfSpec, world: int) -> RigJob:
         if close:
             raise RigUsageError(f"real ranks {close[0]} and {(close[0] + 1) % world} are ring neighbours; the NCCL "
                                 "dialect plays real ranks with emulated ranks on both sides")  # fmt: skip
-    library = rig_library()
+    library = rig_library(ns.device)
     version = nccl_version(library)
     if not ns.all_real:
         try:
@@ -124,7 +127,7 @@ def rig_job(ns, spec: PerfSpec, world: int) -> RigJob:
     return RigJob([spec], world, real, channels=ns.nccl_channels, delay_model=ns.delay_model or "alpha-beta",
                   topology=ns.topology or "cpu-25gbe", inject=list(ns.inject or []), policy=ns.data or "zeros",
                   timeout=float(ns.timeout or 300), library=library, nccl=version,
-                  nproc_per_node=ns.nproc_per_node)  # fmt: skip
+                  nproc_per_node=ns.nproc_per_node, device=ns.device)  # fmt: skip
 
 
 def run_rig_ladder(job: RigJob, keep: str | None = None) -> list[Row]:
@@ -141,7 +144,7 @@ def run_rig_ladder(job: RigJob, keep: str | None = None) -> list[Row]:
 def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
     """Run `job` in `folder` (its results, the trace, each process's output) and return one
     list of rows per spec."""
-    library = job.library or rig_library()
+    library = job.library or rig_library(job.device)
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / "trace.jsonl"
     fifo = folder / "profile.fifo"
@@ -170,9 +173,10 @@ def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
             if ready.startswith("ready uid="):
                 uid = ready.split("=", 1)[1]
         for rank in job.real:
-            env = {**os.environ, **rank_env(rank, pins), "PYTHONUNBUFFERED": "1"}
+            env = {**os.environ, **rank_env(rank, pins, job.device), "PYTHONUNBUFFERED": "1"}
             inherited = os.environ.get("LD_LIBRARY_PATH")
-            env["LD_LIBRARY_PATH"] = ":".join(p for p in (env["LD_LIBRARY_PATH"], inherited) if p)
+            if job.device == "cpu":
+                env["LD_LIBRARY_PATH"] = ":".join(p for p in (env["LD_LIBRARY_PATH"], inherited) if p)
             if job.emulated:
                 env["NEURONABOX_NCCL_TRACE_START"] = "1"
             cmd = [sys.executable, "-m", "neuronabox.perf.rig_worker", str(folder / "job.json"), str(rank)]
