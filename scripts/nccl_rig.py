@@ -257,10 +257,6 @@ def load_results(path: Path) -> list[dict]:
 # ---------------------------------------------------------------- a rank
 
 
-class UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]
-
-
 def check(rc: int, what: str, nccl: ctypes.CDLL) -> None:
     if rc != 0:
         nccl.ncclGetErrorString.restype = ctypes.c_char_p
@@ -344,28 +340,16 @@ def worker(args: argparse.Namespace) -> int:
 def run_rank(args: argparse.Namespace, out, current: dict) -> int:
     import numpy as np
 
-    cuda = ctypes.CDLL("libcuda.so.1")  # the rig's driver: first on LD_LIBRARY_PATH
-    nccl = ctypes.CDLL(args.nccl)
+    from neuronabox.perf.rig_worker import Rig
+
+    rig = Rig(args.nccl)  # the rig's driver: first on LD_LIBRARY_PATH
+    cuda, nccl = rig.cuda, rig.nccl
     version = ctypes.c_int()
     check(nccl.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion", nccl)
     v = version.value
     out.write(json.dumps({"version": f"{v // 10000}.{v // 100 % 100}.{v % 100}"}) + "\n")
     out.write(json.dumps({"loaded": loaded_libraries()}) + "\n")
-    uid = UniqueId()
-    if args.rank == 0:
-        check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId", nccl)
-        fd = int(os.environ["NBX_RIG_ID_FD"])
-        os.write(fd, ctypes.string_at(ctypes.byref(uid), 128).hex().encode() + b"\n")
-        os.close(fd)
-    else:
-        ctypes.memmove(ctypes.byref(uid), bytes.fromhex(os.environ["NBX_RIG_UNIQUE_ID"]), 128)
-    ctx = ctypes.c_void_p()
-    check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain", nccl)
-    check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent", nccl)
-    comm = ctypes.c_void_p()
-    check(nccl.ncclCommInitRank(ctypes.byref(comm), args.ranks, uid, args.rank), "ncclCommInitRank", nccl)
-    stream = ctypes.c_void_p()
-    check(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate", nccl)
+    comm, stream = rig.communicator(args.ranks, args.rank)  # rank 0 makes the id (NBX_RIG_ID_FD)
     plan = json.loads((Path(args.work) / "plan.json").read_text())
     world = args.ranks
     for index, case in enumerate(plan):

@@ -56,6 +56,26 @@ class Rig:
         if rc != 0:
             raise RuntimeError(f"{what} failed: CUDA error {rc} (see the nbx-rig line)")
 
+    def communicator(self, world: int, rank: int) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """(comm, stream): ncclCommInitRank on GPU 0's primary context. The unique id comes in
+        NBX_RIG_UNIQUE_ID (hex), or this rank makes it and writes it to NBX_RIG_ID_FD."""
+        uid = UniqueId()
+        if "NBX_RIG_ID_FD" in os.environ:
+            self.check(self.nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+            fd = int(os.environ["NBX_RIG_ID_FD"])
+            os.write(fd, ctypes.string_at(ctypes.byref(uid), 128).hex().encode() + b"\n")
+            os.close(fd)
+        else:
+            ctypes.memmove(ctypes.byref(uid), bytes.fromhex(os.environ["NBX_RIG_UNIQUE_ID"]), 128)
+        ctx = ctypes.c_void_p()
+        self.cu(self.cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
+        self.cu(self.cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        comm = ctypes.c_void_p()
+        self.check(self.nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
+        stream = ctypes.c_void_p()
+        self.cu(self.cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+        return comm, stream
+
 
 def encode(values: np.ndarray, dtype: str) -> bytes:
     if dtype == "bfloat16":
@@ -161,21 +181,7 @@ def main(argv: list[str]) -> int:
     job = json.loads(read_bounded(job_path, 1 << 20, "the rig job"))
     rank, world, real = int(rank_text), int(job["world"]), [int(r) for r in job["real"]]
     rig = Rig(job["nccl"])
-    uid = UniqueId()
-    if "NBX_RIG_ID_FD" in os.environ:
-        rig.check(rig.nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-        fd = int(os.environ["NBX_RIG_ID_FD"])
-        os.write(fd, ctypes.string_at(ctypes.byref(uid), 128).hex().encode() + b"\n")
-        os.close(fd)
-    else:
-        ctypes.memmove(ctypes.byref(uid), bytes.fromhex(os.environ["NBX_RIG_UNIQUE_ID"]), 128)
-    ctx = ctypes.c_void_p()
-    rig.cu(rig.cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
-    rig.cu(rig.cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    comm = ctypes.c_void_p()
-    rig.check(rig.nccl.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
-    stream = ctypes.c_void_p()
-    rig.cu(rig.cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+    comm, stream = rig.communicator(world, rank)
     for i, doc in enumerate(job["specs"]):
         spec = PerfSpec.from_json(doc)
         rows = [run_size(rig, comm, stream, spec, n, rank, world, real, job["policy"]) for n in spec.sizes]
