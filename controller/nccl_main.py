@@ -47,6 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nccl", default="2.28.9", help="the real ranks' NCCL release")
     p.add_argument("--channels", type=int, default=1)
     p.add_argument("--buffsize", type=int, default=4 << 20)
+    p.add_argument("--redop", default="sum", help="the reduction the real ranks use (NCCL's profiler does not say)")
     p.add_argument("--profile", required=True, help="the FIFO to make for the profiler plugin's lines")
     p.add_argument("--trace", default="")
     p.add_argument("--delay-model", default="zero")
@@ -92,7 +93,7 @@ def serve(args: argparse.Namespace) -> int:
                            limit_s=args.timeout)  # fmt: skip
     config = NcclConfig(buffsize=args.buffsize, channels=args.channels,
                         min_traffic_per_channel=layout.min_traffic_per_channel)  # fmt: skip
-    relay = NcclRelay(args.world, real, config, timing)
+    relay = NcclRelay(args.world, real, config, timing, redop=args.redop)
     rfd, wfd = open_profile_fifo(args.profile)
     anchor_mono, anchor_epoch = time.monotonic(), time.time()
     trace = None

@@ -10,6 +10,7 @@ compared with what the data policy predicts (`neuronabox/perf/expect.py`), on ev
 from __future__ import annotations
 
 import json
+import math
 import random
 import struct
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from neuronabox.controller.dialects.nccl.errors import NcclWireError
 from neuronabox.controller.dialects.nccl.live import ProfileLines, token_owner
-from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay, UnspokenCollective
+from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay, UnspokenCollective, identity
 from neuronabox.controller.release import ReleaseTiming
 
 from neuronabox import delay_models, topology
@@ -202,6 +203,25 @@ def test_two_rig_ranks_at_0_and_5_of_8_are_exact(tmp_path, channels):
 
 def test_the_controller_is_the_root_when_rank_0_is_emulated(tmp_path):
     per_spec = rig_run(tmp_path, 8, [3], 1, top="1M")
+    assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
+
+
+def test_identity_elements_add_nothing():
+    assert identity("sum", "float32") == bytes(4) and identity("avg", "bfloat16") == bytes(2)
+    assert struct.unpack("<f", identity("prod", "float32")) == (1.0,)
+    assert struct.unpack("<e", identity("min", "float16")) == (math.inf,)
+    assert struct.unpack("<f", bytes(2) + identity("max", "bfloat16")) == (-math.inf,)
+    assert identity("min", "int32") == (2**31 - 1).to_bytes(4, "little") and identity("max", "uint8") == b"\x00"
+    assert identity("prod", "int64") == (1).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("op, dtype", [("min", "bfloat16"), ("prod", "float32")])
+def test_emulated_ranks_add_the_reductions_identity(tmp_path, op, dtype):
+    """NCCL's profiler does not say the op: the run names it, and an emulated rank adds its
+    identity (zeros would make a min 0 and a product 0)."""
+    specs = [make_spec(c, 8, minbytes="4K", maxbytes="1M", factor=16, iters=1, warmup=0, check=1, op=op,
+                       dtype=dtype) for c in ("all_reduce", "reduce_scatter")]  # fmt: skip
+    per_spec = run_rig(RigJob(specs, 8, [0, 4], timeout=240), tmp_path)
     assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
 
 

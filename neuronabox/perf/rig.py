@@ -66,6 +66,14 @@ class RigJob:
     device: str = "cpu"  # cpu: the rig's driver and kernels; cuda: the machine's driver and GPU
 
     @property
+    def redop(self) -> str:
+        """The reduction every spec uses: the controller's emulated ranks add its identity."""
+        ops = {s.op for s in self.specs if s.op not in ("none", "-")} or {"sum"}
+        if len(ops) > 1:
+            raise RigUsageError(f"one run reduces with one op, got {', '.join(sorted(ops))}")
+        return ops.pop()
+
+    @property
     def emulated(self) -> bool:
         return len(self.real) < self.world
 
@@ -162,7 +170,7 @@ def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
                    "--real", ",".join(map(str, job.real)), "--channels", str(job.channels), "--profile", str(fifo),
                    "--trace", str(trace), "--delay-model", job.delay_model, "--topology", job.topology,
                    "--timeout", str(job.timeout), "--nccl", job.nccl,
-                   "--nproc-per-node", str(job.nproc_per_node)]  # fmt: skip
+                   "--nproc-per-node", str(job.nproc_per_node), "--redop", job.redop]  # fmt: skip
             for spec in job.inject:
                 cmd += ["--inject", spec]
             log = open(folder / "controller.log", "wb")

@@ -21,6 +21,7 @@ only until its last forward has gone. Time is passed in.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 
 from neuronabox.topology import LinkClass
@@ -34,6 +35,30 @@ from .errors import NcclError, NcclWireError
 from .wire import SIZE, FrameReader
 
 PLAN_CACHE = 256  # shapes kept (a DDP step has a handful)
+REDOPS = ("sum", "prod", "max", "min", "avg")  # ncclRedOp_t's built-ins (avg: NCCL pre-divides, then sums)
+_FLOATS = {"float16": "e", "float32": "f", "float64": "d"}
+_INTS = {"int8": (1, True), "uint8": (1, False), "int32": (4, True), "uint32": (4, False), "int64": (8, True),
+         "uint64": (8, False)}  # fmt: skip
+
+
+def identity(op: str, dtype: str) -> bytes:
+    """One element of `op`'s identity in `dtype`, little endian: what adds nothing to a reduction."""
+    if op in ("sum", "avg"):
+        value: float = 0.0
+    elif op == "prod":
+        value = 1.0
+    else:
+        value = -math.inf if op == "max" else math.inf
+    if dtype == "bfloat16":  # the high half of a float32
+        return struct.pack("<f", value)[2:]
+    if dtype in _FLOATS:
+        return struct.pack("<" + _FLOATS[dtype], value)
+    if dtype in _INTS:
+        size, signed = _INTS[dtype]
+        low, high = (-(1 << (8 * size - 1)), (1 << (8 * size - 1)) - 1) if signed else (0, (1 << (8 * size)) - 1)
+        n = int(value) if math.isfinite(value) else (low if value < 0 else high)
+        return n.to_bytes(size, "little", signed=signed)
+    raise UnspokenCollective(f"no {op} identity for NCCL datatype {dtype}")
 
 # NCCL's profiler names (ncclFuncToString, ncclDatatypeToString) -> ours
 FUNCS = {"AllReduce": Kind.ALLREDUCE, "AllGather": Kind.ALLGATHER, "ReduceScatter": Kind.REDUCE_SCATTER,
@@ -146,7 +171,11 @@ class NcclRelay:
     for the frames to write now, and `next_release` for its timer.
     """
 
-    def __init__(self, world: int, real: list[int], config: NcclConfig, timing, buffer_limit: int = 1 << 30):
+    def __init__(self, world: int, real: list[int], config: NcclConfig, timing, redop: str = "sum",
+                 buffer_limit: int = 1 << 30) -> None:  # fmt: skip
+        if redop not in REDOPS:
+            raise NcclError(f"reduction {redop!r} is not known (known: {', '.join(REDOPS)})")
+        self.redop = redop  # NCCL's profiler does not say a collective's op: the run names the one it uses
         self.world = world
         self.real = RealRanks(real, world)
         self.config = config
@@ -319,7 +348,7 @@ class NcclRelay:
                     if m.release > now:
                         break
                     if m.source is None:
-                        payload = bytes(m.nbytes)
+                        payload = self._nothing(inst.params, m.nbytes)
                     else:
                         skey = (m.source.rank, key[1], m.source.index)
                         payload = inst.got.get(skey)
@@ -339,6 +368,12 @@ class NcclRelay:
                 self._stream_done(inst, ("out",) + key, now)
                 st.at += 1
         return out
+
+    def _nothing(self, p: CollParams, nbytes: int) -> bytes:
+        """What an emulated rank adds: the reduction's identity (zeros where nothing reduces)."""
+        if p.kind not in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER):
+            return bytes(nbytes)
+        return identity(self.redop, p.dtype) * (nbytes // p.elem)
 
     def next_release(self) -> float:
         """The earliest release time of a message waiting only for its time (inf: none)."""
