@@ -87,7 +87,8 @@ def test_the_closed_form_sources_are_the_walked_ones():
 
 def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1, instances: int = 2):
     """Real ranks stepping NCCL's ring program against the relay, slice by slice, with bytes
-    that name their sender and message; returns what each real rank received."""
+    that name their sender and message (real neighbours hand theirs over directly); returns
+    what each real rank received."""
     config = NcclConfig(channels=channels)
     relay = NcclRelay(world, real, config, zero_timing(world))
     ring = NcclRing(kind, world, count, 4, root=1 % world, config=config)
@@ -118,7 +119,12 @@ def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1,
                         got[key[0]].append(payload)
                     if send:
                         tag = struct.pack("<HHI", key[0], key[1], sent[key])[:n] if n else b""
-                        relay.feed(key[0], key[1], struct.pack("<i", n) + tag + bytes(n - len(tag)), 0.0)
+                        payload = tag + bytes(n - len(tag))
+                        succ = ((key[0] + 1) % world, key[1])
+                        if succ[0] in real:  # a real link: straight to the next real rank
+                            inbox[succ].append(payload)
+                        else:
+                            relay.feed(key[0], key[1], struct.pack("<i", n) + payload, 0.0)
                         sent[key] += 1
                     pos[key] += 1
                     moved = True
@@ -130,7 +136,8 @@ def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1,
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("world, real, channels", [(8, [0, 5], 1), (8, [2, 5], 2), (7, [1, 3, 5], 1), (6, [3], 2)])
+@pytest.mark.parametrize("world, real, channels", [(8, [0, 5], 1), (8, [2, 5], 2), (7, [1, 3, 5], 1), (6, [3], 2),
+                                                    (8, [0, 1, 4], 1), (8, [6, 7, 0], 2)])
 def test_the_relay_carries_every_collective_for_any_real_ranks(kind, world, real, channels):
     """Every real rank's program runs to its end, twice in a row, each message as large as
     it posted; what another real rank sent reaches it, and nothing is left in flight."""
@@ -201,6 +208,13 @@ def test_two_rig_ranks_at_0_and_5_of_8_are_exact(tmp_path, channels):
     assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
 
 
+def test_real_ranks_side_by_side_wrapping_the_ring(tmp_path):
+    """A block of real ranks (6, 7, 0: a node's GPUs) talks among itself for real; the
+    controller plays the ring allgathers and the data across the block's two ends."""
+    per_spec = rig_run(tmp_path, 8, [6, 7, 0], 2)
+    assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
+
+
 def test_the_controller_is_the_root_when_rank_0_is_emulated(tmp_path):
     per_spec = rig_run(tmp_path, 8, [3], 1, top="1M")
     assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
@@ -248,10 +262,10 @@ def test_the_modeled_time_holds_the_real_rank_back(tmp_path):
 
 def test_perf_prints_nccl_tests_table_for_the_rig(run):
     res = run("perf", "all_gather", "--backend", "nccl", "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1",
-              "--nnodes", "8", "--real-ranks", "2,6", "--nccl-channels", "2", "--delay-model", "zero",
+              "--nnodes", "4", "--nproc-per-node", "2", "--nccl-channels", "2", "--delay-model", "zero",
               timeout=180)  # fmt: skip
     assert res.rc == 0, res.err
-    assert "nccl on the CPU rig (2 channels)" in res.out and "real ranks 2,6" in res.out
+    assert "nccl on the CPU rig (2 channels)" in res.out and "real nodes 0" in res.out
     table = [ln.split() for ln in res.out.splitlines() if ln.strip() and not ln.startswith("#")]
     assert [int(r[0]) for r in table] == [4096, 65536] and all(r[8] == "0" for r in table), res.out
 
@@ -259,7 +273,7 @@ def test_perf_prints_nccl_tests_table_for_the_rig(run):
 @pytest.mark.parametrize(
     "argv, cause",
     [
-        (("--real-ranks", "3,4"), "real ranks 3 and 4 are ring neighbours"),
+        (("--real-ranks", "0,1,2,3,4,5,6,7,8"), "--real-ranks"),
         (("--data", "mirror"), "--data mirror: NCCL's wire does not carry"),
         (("--nccl-channels", "0"), "--nccl-channels is 1 to 16"),
         (("--device", "cuda"), "this torch sees no CUDA device"),
@@ -285,7 +299,7 @@ def test_an_nccl_release_the_dialect_does_not_speak_is_refused_before_anything_s
 
 def test_the_controller_process_names_a_bad_request(tmp_path):
     """Its own bad input: one line, exit 3, no port left open."""
-    proc = subprocess.run([sys.executable, "-m", "neuronabox.controller.nccl_main", "--world", "4", "--real", "0,1",
+    proc = subprocess.run([sys.executable, "-m", "neuronabox.controller.nccl_main", "--world", "4", "--real", "0,1,2,3",
                            "--profile", str(tmp_path / "p.fifo")], capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)  # fmt: skip
-    assert proc.returncode == 3 and "ring neighbours" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert proc.returncode == 3 and "every rank is real" in proc.stderr.strip().splitlines()[-1], proc.stderr

@@ -89,9 +89,14 @@ class RingPlan:
     c_writes: dict[RingSide, tuple[int, ...]]  # what the controller sends on each socket
 
 
-def ring_plan(rank: int, world: int, bidirectional: bool) -> RingPlan:
-    """Which slices cross which socket, per bootstrapAllGather (src/bootstrap.cc, socketRingAllGather)."""
+def ring_plan(rank: int, world: int, bidirectional: bool, last: int | None = None) -> RingPlan:
+    """Which slices cross which socket, per bootstrapAllGather (src/bootstrap.cc, socketRingAllGather).
+
+    `rank` .. `last` (mod W) is a block of real ranks side by side (one rank: `last` is
+    `rank`): the controller is `last`'s successor and `rank`'s predecessor, and the block
+    moves slices through itself as one rank would."""
     w, r = world, rank
+    b = r if last is None else last
     if w < 2:
         empty = {RingSide.AS_NEXT: (), RingSide.AS_PREV: ()}
         return RingPlan(dict(empty), dict(empty))
@@ -102,12 +107,12 @@ def ring_plan(rank: int, world: int, bidirectional: bool) -> RingPlan:
         steps, both = w - 1, 0
     return RingPlan(
         r_writes={
-            RingSide.AS_NEXT: tuple((r - s) % w for s in range(steps)),  # ring 0, R -> next
-            RingSide.AS_PREV: tuple((r + s) % w for s in range(both)),  # ring 1, R -> prev
+            RingSide.AS_NEXT: tuple((b - s) % w for s in range(steps)),  # ring 0, R (the block's last) -> next
+            RingSide.AS_PREV: tuple((r + s) % w for s in range(both)),  # ring 1, R (the block's first) -> prev
         },
         c_writes={
             RingSide.AS_PREV: tuple((r - s - 1) % w for s in range(steps)),  # ring 0, prev -> R
-            RingSide.AS_NEXT: tuple((r + s + 1) % w for s in range(both)),  # ring 1, next -> R
+            RingSide.AS_NEXT: tuple((b + s + 1) % w for s in range(both)),  # ring 1, next -> R
         },
     )
 
@@ -126,11 +131,14 @@ class RingAllGather:
     """
 
     def __init__(self, rank: int, world: int, bidirectional: bool, slot: SlotFn, *, max_size: int,
-                 window: int = 8):
+                 window: int = 8, last: int | None = None):
         if window < 1:
             raise ValueError("window must be >= 1")
         self.rank, self.world, self.slot, self.window = rank, world, slot, window
-        self.plan = ring_plan(rank, world, bidirectional)
+        self.last = rank if last is None else last
+        self.block = {(rank + i) % world for i in range((self.last - rank) % world + 1)}
+        self.learned: dict[int, bytes] = {}  # the block's slices, as they come
+        self.plan = ring_plan(rank, world, bidirectional, self.last)
         self._readers = {
             side: FrameReader(max_size, what=f"R's ring allgather frame ({side.value})",
                               limit=len(self.plan.r_writes[side]))
@@ -172,13 +180,15 @@ class RingAllGather:
                 f"R's ring allgather frame {n} on {side.value} is {len(payload)} bytes; its first was {self.size}"
             )
         index = self.plan.r_writes[side][n]
-        if index == self.rank:
-            if self.own is None:
-                self.own = payload
-            elif payload != self.own:
-                raise NcclWireError("R sent two different copies of its own slice on its two ring sockets")
+        if index in self.block:  # the block's own: new, or the same again on the other socket
+            if index not in self.learned:
+                self.learned[index] = payload
+                if index == self.rank:
+                    self.own = payload
+            elif payload != self.learned[index]:
+                raise NcclWireError(f"R sent two different copies of rank {index}'s slice on its two ring sockets")
             return
-        if self.own is None:
+        if self.own is None and len(self.block) == 1:
             raise NcclWireError(f"R forwarded slice {index} on {side.value} before sending its own")
         want = self.slot(index, self.own)
         if want is None or payload != want:
@@ -196,7 +206,7 @@ class RingAllGather:
                 # the first header goes alone: R blocks on it before it sends its own slice
                 out[side] += self.size.to_bytes(4, "little", signed=True)
                 self._headers_sent[side] = True
-        if self.own is None:
+        if self.own is None and len(self.block) == 1:  # R's own slice is every clone's template
             return {side: bytes(b) for side, b in out.items()}
         progress = self._readers[RingSide.AS_NEXT].count  # ring-0 frames R has finished = its step
         for side in RingSide:

@@ -28,12 +28,27 @@ Writer = Callable[[int, RingSide, bytes], None]  # (real rank, its socket, bytes
 
 
 class RingOfRank:
-    """One real rank's place in the ring allgathers."""
+    """One block of real ranks side by side (`first` .. `last`, often one rank) in the ring
+    allgathers: the controller dials `first` as its predecessor and `last` dials the controller."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, first: int, last: int) -> None:
+        self.rank, self.last = first, last
         self.index = 0  # which allgather
         self.stepper: RingAllGather | None = None
+
+
+def blocks(real: list[int], world: int) -> list[tuple[int, int]]:
+    """The runs of real ranks side by side on the ring, as (first, last), cyclically."""
+    members = set(real)
+    out = []
+    for r in sorted(members):
+        if (r - 1) % world in members:
+            continue
+        last = r
+        while (last + 1) % world in members:
+            last = (last + 1) % world
+        out.append((r, last))
+    return out
 
 
 class BootstrapRing:
@@ -44,7 +59,9 @@ class BootstrapRing:
                  write: Writer) -> None:  # fmt: skip
         self.layout, self.world, self.mirror, self.node_addr, self.write = layout, world, mirror, node_addr, write
         self.members = set(real)
-        self.rings = {r: RingOfRank(r) for r in real}
+        self.rings: dict[int, RingOfRank] = {}  # a block's first and last rank -> the block
+        for first, last in blocks(real, world):
+            self.rings[first] = self.rings[last] = RingOfRank(first, last)
         self.slices: list[dict[int, bytes]] = [{} for _ in range(ALLGATHERS)]  # allgather -> real rank -> slice
         self.p2p_addr: dict[int, SockAddr] = {}  # real rank -> its bootstrap p2p address
 
@@ -54,12 +71,13 @@ class BootstrapRing:
             if ring.index >= ALLGATHERS:
                 raise NcclWireError(f"rank {rank} began bootstrap allgather {ring.index + 1} on its ring; NCCL's init "
                                     f"sends {ALLGATHERS} (ringAllInfo, peerInfo, allGatherInfo)")  # fmt: skip
-            ring.stepper = RingAllGather(rank, self.world, self.layout.bidirectional_ring, self._slot_of(ring.index),
-                                         max_size=MAX_SLICE)  # fmt: skip
+            ring.stepper = RingAllGather(ring.rank, self.world, self.layout.bidirectional_ring,
+                                         self._slot_of(ring.index), max_size=MAX_SLICE, last=ring.last)  # fmt: skip
         st = ring.stepper
-        self._out(rank, st.feed(side, data))
-        if st.own is not None and rank not in self.slices[ring.index]:
-            self._own_slice(rank, ring.index, st.own)
+        self._out(ring, st.feed(side, data))
+        for r, payload in list(st.learned.items()):
+            if r not in self.slices[ring.index]:
+                self._own_slice(r, ring.index, payload)
         if st.done:
             rests = {s: st.leftover(s) for s in RingSide}
             ring.stepper, ring.index = None, ring.index + 1
@@ -78,9 +96,9 @@ class BootstrapRing:
         else:
             check_own_all_gather_info(self.layout, own, rank)
         self.slices[index][rank] = own
-        for other in self.rings.values():
+        for other in {id(g): g for g in self.rings.values()}.values():
             if other.stepper is not None and other.index == index:
-                self._out(other.rank, other.stepper.poke())
+                self._out(other, other.stepper.poke())
 
     def _slot_of(self, index: int):
         def slot(r: int, _own: bytes) -> bytes | None:
@@ -97,7 +115,8 @@ class BootstrapRing:
 
         return slot
 
-    def _out(self, rank: int, writes: dict[RingSide, bytes]) -> None:
+    def _out(self, ring: RingOfRank, writes: dict[RingSide, bytes]) -> None:
+        """AS_PREV is the block's first rank's socket, AS_NEXT its last rank's."""
         for side, data in writes.items():
             if data:
-                self.write(rank, side, data)
+                self.write(ring.rank if side is RingSide.AS_PREV else ring.last, side, data)
