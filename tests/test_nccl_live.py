@@ -23,6 +23,7 @@ from neuronabox.controller.dialects.nccl.errors import NcclWireError
 from neuronabox.controller.dialects.nccl.live import ProfileLines, token_owner
 from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay, UnspokenCollective, identity
 from neuronabox.controller.release import ReleaseTiming
+from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
 from neuronabox.perf.ladder import make_spec
@@ -145,6 +146,22 @@ def test_the_relay_carries_every_collective_for_any_real_ranks(kind, world, real
     senders = {struct.unpack("<H", p[:2])[0] for r in real for p in got[r] if len(p) >= 8 and any(p)}
     if kind != Kind.BROADCAST and len(real) > 1:
         assert senders == set(real)  # every real rank's bytes travel along the emulated ranks
+
+
+def test_what_if_delays_move_the_release_times():
+    """+2 ms per collective and a straggler of 5 ms: the first release moves by 7 ms, and the
+    model's time with it; jitter only ever adds."""
+    base = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
+        "cpu-25gbe").with_nodes(4, 1))))  # fmt: skip
+    late = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
+        "cpu-25gbe").with_nodes(4, 1)), WhatIf.from_specs(["latency=+2ms,per=collective", "straggler=rank:2,delay=5ms"])))
+    shaky = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
+        "cpu-25gbe").with_nodes(4, 1)), WhatIf.from_specs(["jitter=1ms"])))
+    for relay in (base, late, shaky):
+        relay.collective(0, params(Kind.ALLREDUCE, 1 << 16), 10.0)
+    assert late.next_release() - base.next_release() == pytest.approx(7e-3)
+    assert late.in_flight[0].predicted - base.in_flight[0].predicted == pytest.approx(7e-3)
+    assert base.next_release() <= shaky.next_release() <= base.next_release() + 1e-3
 
 
 def test_the_relay_refuses_a_frame_the_schedule_does_not_send():

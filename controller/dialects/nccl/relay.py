@@ -234,7 +234,7 @@ class NcclRelay:
         timing = self.timing
         hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
         work = ring.edge_work(timing.work)
-        predicted = timing.whatif.entry_delay(p.kind) + ring.free_time(hop, work)
+        predicted = self._late(p.kind) + ring.free_time(hop, work)
         outs = {key: [_Out(n, src) for n, src in msgs] for key, msgs in plan.outs.items()}
         return Instance(p, ring, now, predicted, hop, work, plan.sends, outs, dict(plan.uses))
 
@@ -278,7 +278,10 @@ class NcclRelay:
         """Release times of what `rank` receives, from its entry (the model's arrivals)."""
         if rank not in self.out_ranks or not self.timing.active:
             return
-        t0 = inst.entered[rank] + self.timing.whatif.entry_delay(inst.params.kind)
+        kind = inst.params.kind
+        t0 = inst.entered[rank] + self._late(kind)
+        whatif = self.timing.whatif
+        jitter = whatif.has_jitter(kind)
         ring, hop, work = inst.ring, inst.hop, inst.work
         for part in ring.parts:
             outs = inst.outs[(rank, part.channel)]
@@ -289,7 +292,13 @@ class NcclRelay:
             else:
                 times = ring_arrivals(ring.program(rank)[part.channel], hop, work)
             for o, t in zip(outs, times, strict=True):
-                o.release = t0 + t
+                o.release = t0 + t + (whatif.jitter(kind) if jitter else 0.0)
+
+    def _late(self, kind: Kind) -> float:
+        """How much later than the real rank the emulated ranks begin: the what-if's entry
+        delay, and its slowest straggler (a ring moves at its slowest member's pace)."""
+        whatif = self.timing.whatif
+        return whatif.entry_delay(kind) + max(whatif.stragglers(kind).values(), default=0.0)
 
     # -- bytes -----------------------------------------------------------------------
     def feed(self, rank: int, channel: int, data: bytes, now: float) -> None:
