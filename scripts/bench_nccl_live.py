@@ -2,6 +2,7 @@
 
     python scripts/bench_nccl_live.py table1 [--repeat 5] [--coll all_reduce]
     python scripts/bench_nccl_live.py worlds [--worlds 2,8,64,512]
+    python scripts/bench_nccl_live.py whatif [--repeat 5]
 
 table1: W = 2, the prototype's Table 1 on the rig: `--all-real` (two rig ranks) against
 emulated (one rig rank, the controller playing rank 1 under the zero-delay model), in
@@ -12,7 +13,10 @@ kernels: not a GPU's numbers.
 
 worlds: one rig rank in emulated worlds of W ranks, every collective the rig runs, 1 KiB
 to 16 MiB; per row the real rank's time, the model's (alpha-beta on cpu-25gbe) and
-#wrong. Prints tables; exits 1 if any value is wrong.
+#wrong. whatif: W = 8, rank 0 real, zero-delay model, with and without
+`--inject latency=+2ms,per=collective`, interleaved; per size the median of the per-repetition
+differences of the real rank's time [min-max]: a what-if of +2 ms must read as +2 ms.
+Prints tables; exits 1 if any value is wrong.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from neuronabox.perf.rig import RigJob, run_rig  # noqa: E402
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
-def once(world: int, real: list[int], colls: list[str], top: str, iters: int, warmup: int, model: str) -> list:
-    specs = [make_spec(c, world, minbytes="1K", maxbytes=top, factor=4, iters=iters, warmup=warmup, check=1,
+def once(world: int, real: list[int], colls: list[str], top: str, iters: int, warmup: int, model: str,
+         inject: list[str] | None = None, bottom: str = "1K") -> list:  # fmt: skip
+    specs = [make_spec(c, world, minbytes=bottom, maxbytes=top, factor=4, iters=iters, warmup=warmup, check=1,
                        root=1 % world) for c in colls]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="nbx-bench-nccl-") as d:
-        return run_rig(RigJob(specs, world, real, delay_model=model, timeout=600), Path(d))
+        return run_rig(RigJob(specs, world, real, delay_model=model, inject=inject or [], timeout=600), Path(d))
 
 
 def spread(values: list[float]) -> str:
@@ -85,9 +90,30 @@ def worlds(args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
+def whatif(args: argparse.Namespace) -> int:
+    diffs: dict[int, list[float]] = {}
+    wrong = 0
+    for rep in range(args.repeat):
+        got = {}
+        for side in (("base", "late") if rep % 2 == 0 else ("late", "base")):
+            inject = ["latency=+2ms,per=collective"] if side == "late" else []
+            [rows] = once(8, [0], ["all_reduce"], "1M", args.iters, args.warmup, "zero", inject, bottom="4K")
+            got[side] = rows
+            wrong += sum(r.wrong for r in rows)
+        for b, late in zip(got["base"], got["late"], strict=True):
+            diffs.setdefault(b.bytes, []).append((late.time_s - b.time_s) * 1e3)
+    print(f"all_reduce, W = 8, rank 0 real, zero-delay model, -n {args.iters}: latency=+2ms,per=collective "
+          f"against none, {args.repeat} interleaved repetitions")  # fmt: skip
+    print("| size (B) | added (ms): median [min-max] |\n|---:|---:|")
+    for size, d in sorted(diffs.items()):
+        print(f"| {size} | {statistics.median(d):.2f} [{min(d):.2f}-{max(d):.2f}] |")
+    print(f"\n#wrong over every checked value: {wrong}")
+    return 1 if wrong else 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("table1", "worlds"))
+    p.add_argument("what", choices=("table1", "worlds", "whatif"))
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--coll", default="all_reduce", choices=COLLS)
     p.add_argument("--worlds", default="2,8,64,512")
@@ -95,7 +121,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args()
-    return table1(args) if args.what == "table1" else worlds(args)
+    return {"table1": table1, "worlds": worlds, "whatif": whatif}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -234,7 +234,8 @@ class NcclRelay:
         timing = self.timing
         hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
         work = ring.edge_work(timing.work)
-        predicted = self._late(p.kind) + ring.free_time(hop, work)
+        modeled = self._late(p.kind) + ring.free_time(hop, work)
+        predicted = timing.within_limit(f"{p.kind} of {p.count} x {p.elem} B", modeled)
         outs = {key: [_Out(n, src) for n, src in msgs] for key, msgs in plan.outs.items()}
         return Instance(p, ring, now, predicted, hop, work, plan.sends, outs, dict(plan.uses))
 
@@ -356,6 +357,8 @@ class NcclRelay:
                     m = msgs[st.next_out]
                     if m.release > now:
                         break
+                    if m.release:
+                        self.timing.record_lateness(now - m.release)
                     if m.source is None:
                         payload = self._nothing(inst.params, m.nbytes)
                     else:
