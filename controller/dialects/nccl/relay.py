@@ -151,6 +151,8 @@ class _Plan:
     sends: dict[tuple[int, int], list[int]]
     outs: dict[tuple[int, int], list[tuple[int, Source | None]]]
     uses: dict[tuple[int, int, int], int]
+    free_times: dict[tuple, float] = field(default_factory=dict)  # (hop, work) -> the model's time
+    arrivals: dict[tuple, list[float]] = field(default_factory=dict)  # (rank, channel, hop, work) -> times
 
 
 class _Stream:
@@ -234,7 +236,11 @@ class NcclRelay:
         timing = self.timing
         hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
         work = ring.edge_work(timing.work)
-        modeled = self._late(p.kind) + ring.free_time(hop, work)
+        key = (hop.latency, hop.bandwidth, work)
+        free = plan.free_times.get(key)
+        if free is None:
+            free = plan.free_times[key] = ring.free_time(hop, work)
+        modeled = self._late(p.kind) + free
         predicted = timing.within_limit(f"{p.kind} of {p.count} x {p.elem} B", modeled)
         outs = {key: [_Out(n, src) for n, src in msgs] for key, msgs in plan.outs.items()}
         return Instance(p, ring, now, predicted, hop, work, plan.sends, outs, dict(plan.uses))
@@ -284,14 +290,17 @@ class NcclRelay:
         whatif = self.timing.whatif
         jitter = whatif.has_jitter(kind)
         ring, hop, work = inst.ring, inst.hop, inst.work
+        plan = self._plan(inst.params)
         for part in ring.parts:
             outs = inst.outs[(rank, part.channel)]
-            if ring.kind == Kind.BROADCAST:
+            key = (rank, part.channel, hop.latency, hop.bandwidth, work)
+            times = plan.arrivals.get(key)
+            if times is None and ring.kind == Kind.BROADCAST:
                 hops = (rank - ring.root) % self.world
                 chunks = [sum(op.slices) for op in ring.ops(ring.root, part)]
-                times = pipeline_arrivals(chunks, hops, hop, work)
-            else:
-                times = ring_arrivals(ring.program(rank)[part.channel], hop, work)
+                times = plan.arrivals[key] = pipeline_arrivals(chunks, hops, hop, work)
+            elif times is None:
+                times = plan.arrivals[key] = ring_arrivals(ring.program(rank)[part.channel], hop, work)
             for o, t in zip(outs, times, strict=True):
                 o.release = t0 + t + (whatif.jitter(kind) if jitter else 0.0)
 

@@ -42,6 +42,7 @@ class Conn:
     inbuf: bytearray = field(default_factory=bytearray)
     outq: deque = field(default_factory=deque)  # buffers still to write, in order (never copied together)
     close_after_flush: bool = False
+    writing: bool = False  # the selector also watches it for writability
     reader: FrameReader | None = None
     p2p: tuple[int, int] | None = None  # (src rank, tag) once its preamble came
 
@@ -148,7 +149,9 @@ class SocketLoop:
         if not q and c.close_after_flush:
             self.drop(c)
             return
-        self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if q else 0), ("conn", c))
+        if bool(q) != c.writing:  # a selector change is a system call: only when it changes
+            c.writing = bool(q)
+            self.sel.modify(c.sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if q else 0), ("conn", c))
 
     def drop(self, c: Conn) -> None:
         if c not in self.conns:
