@@ -56,6 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--inject", action="append", default=[])
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--silence", type=float, default=10.0,
+                   help="seconds a real rank's bytes may wait for their collective's profiler line")
     return p.parse_args(argv)
 
 
@@ -114,7 +116,8 @@ def serve(args: argparse.Namespace) -> int:
     live = None
     state, error = "finished", ""
     try:
-        live = NcclLive(layout, args.world, real, relay, rfd, host=args.host, on_instance=on_instance)
+        live = NcclLive(layout, args.world, real, relay, rfd, host=args.host, on_instance=on_instance,
+                        silence_s=args.silence)
         if 0 in real:
             print("ready", flush=True)
             line = sys.stdin.readline(1024).split()

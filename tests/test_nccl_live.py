@@ -27,7 +27,7 @@ from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
 from neuronabox.perf.ladder import make_spec
-from neuronabox.perf.rig import RigJob, run_rig
+from neuronabox.perf.rig import RigJob, RigRunError, run_rig
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks
 from neuronabox.schedules.nccl import NcclConfig, NcclRing
@@ -151,14 +151,15 @@ def test_the_relay_carries_every_collective_for_any_real_ranks(kind, world, real
 def test_what_if_delays_move_the_release_times():
     """+2 ms per collective and a straggler of 5 ms: the first release moves by 7 ms, and the
     model's time with it; jitter only ever adds."""
-    base = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
-        "cpu-25gbe").with_nodes(4, 1))))  # fmt: skip
-    late = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
-        "cpu-25gbe").with_nodes(4, 1)), WhatIf.from_specs(["latency=+2ms,per=collective", "straggler=rank:2,delay=5ms"])))
-    shaky = NcclRelay(4, [0], NcclConfig(), ReleaseTiming(delay_models.load("alpha-beta", topology.load(
-        "cpu-25gbe").with_nodes(4, 1)), WhatIf.from_specs(["jitter=1ms"])))
-    for relay in (base, late, shaky):
-        relay.collective(0, params(Kind.ALLREDUCE, 1 << 16), 10.0)
+    def relay(*specs: str) -> NcclRelay:
+        model = delay_models.load("alpha-beta", topology.load("cpu-25gbe").with_nodes(4, 1))
+        return NcclRelay(4, [0], NcclConfig(), ReleaseTiming(model, WhatIf.from_specs(list(specs))))
+
+    base = relay()
+    late = relay("latency=+2ms,per=collective", "straggler=rank:2,delay=5ms")
+    shaky = relay("jitter=1ms")
+    for r in (base, late, shaky):
+        r.collective(0, params(Kind.ALLREDUCE, 1 << 16), 10.0)
     assert late.next_release() - base.next_release() == pytest.approx(7e-3)
     assert late.in_flight[0].predicted - base.in_flight[0].predicted == pytest.approx(7e-3)
     assert base.next_release() <= shaky.next_release() <= base.next_release() + 1e-3
@@ -312,6 +313,14 @@ def test_an_nccl_release_the_dialect_does_not_speak_is_refused_before_anything_s
     res = run("perf", "all_reduce", "--backend", "nccl", env={"NEURONABOX_NCCL_LIBRARY": str(lib)}, timeout=60)
     assert res.rc == 2 and "NCCL 2.32.3 is not spoken" in res.last_error, res.err
     assert "time" not in res.out
+
+
+def test_a_rank_whose_collectives_are_not_announced_ends_the_run_naming_why(tmp_path):
+    """No start lines (the profiler does not announce): the rank's bytes wait, then the
+    controller ends the run with the cause, and the runner names it; nothing hangs."""
+    spec = make_spec("all_reduce", 4, minbytes="4K", maxbytes="4K", iters=1, warmup=0, check=1)
+    with pytest.raises(RigRunError, match="no profiler start line announced it"):
+        run_rig(RigJob([spec], 4, [0], announce=False, silence_s=1.0, timeout=120), tmp_path)
 
 
 def test_the_controller_process_names_a_bad_request(tmp_path):

@@ -64,6 +64,8 @@ class RigJob:
     nccl: str = "2.28.9"  # the release the library reports
     nproc_per_node: int = 1
     device: str = "cpu"  # cpu: the rig's driver and kernels; cuda: the machine's driver and GPU
+    announce: bool = True  # the ranks' profiler announces each collective (False: a rank the controller cannot follow)
+    silence_s: float = 10.0  # how long the controller waits for an announcement its bytes need
 
     @property
     def redop(self) -> str:
@@ -166,7 +168,8 @@ def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
                    "--real", ",".join(map(str, job.real)), "--channels", str(job.channels), "--profile", str(fifo),
                    "--trace", str(trace), "--delay-model", job.delay_model, "--topology", job.topology,
                    "--timeout", str(job.timeout), "--nccl", job.nccl,
-                   "--nproc-per-node", str(job.nproc_per_node), "--redop", job.redop]  # fmt: skip
+                   "--nproc-per-node", str(job.nproc_per_node), "--redop", job.redop,
+                   "--silence", str(job.silence_s)]  # fmt: skip
             for spec in job.inject:
                 cmd += ["--inject", spec]
             log = open(folder / "controller.log", "wb")
@@ -181,7 +184,7 @@ def run_rig(job: RigJob, folder: Path) -> list[list[Row]]:
             inherited = os.environ.get("LD_LIBRARY_PATH")
             if job.device == "cpu":
                 env["LD_LIBRARY_PATH"] = ":".join(p for p in (env["LD_LIBRARY_PATH"], inherited) if p)
-            if job.emulated:
+            if job.emulated and job.announce:
                 env["NEURONABOX_NCCL_TRACE_START"] = "1"
             cmd = [sys.executable, "-m", "neuronabox.perf.rig_worker", str(folder / "job.json"), str(rank)]
             log = open(folder / f"rank{rank}.log", "wb")

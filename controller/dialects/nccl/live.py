@@ -119,7 +119,7 @@ class NcclLive:
 
     def __init__(self, layout: Layout, world: int, real: list[int], relay: NcclRelay, profile_fd: int,
                  host: str = "127.0.0.1", on_instance: Callable[[Instance], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, silence_s: float = 10.0) -> None:  # fmt: skip
         if not real or any(not 0 <= r < world for r in real):
             raise NcclError(f"real ranks {real} do not fit a world of {world}")
         if len(set(real)) == world:
@@ -130,6 +130,7 @@ class NcclLive:
         self.members = set(self.real)
         self.emulated = [r for r in range(world) if r not in self.members]
         self.clock, self.on_instance = clock, on_instance
+        self.silence_s = silence_s  # how long a real rank's bytes may wait for their collective's start line
         self.io = SocketLoop(host)
         self.node_addr = {e: self.io.listen(e).encode() for e in self.emulated}  # root reply, ring, p2p: one port
         self.net_addr = self.io.listen("net")
@@ -187,6 +188,9 @@ class NcclLive:
                 else:
                     self._on_data(event[1], event[2])
             self._release()
+            why = self.relay.unannounced(self.clock(), self.silence_s)
+            if why:
+                raise NcclError(why)
 
     def stop(self) -> None:
         self.stopped = True

@@ -163,6 +163,7 @@ class _Stream:
         self.pending = bytearray()  # IN: bytes not yet parsed
         self.reader: FrameReader | None = None
         self.next_out = 0  # OUT: the next message of the current instance
+        self.unclaimed_since: float | None = None  # IN: when bytes came that no announced collective claims
 
 
 class NcclRelay:
@@ -352,6 +353,10 @@ class NcclRelay:
             st.at += 1
         if data:
             st.pending += data
+            if st.unclaimed_since is None:
+                st.unclaimed_since = now
+        else:
+            st.unclaimed_since = None
 
     def due(self, now: float) -> list[tuple[int, int, bytes, bytes]]:
         """(real rank, channel, size header, payload) to write now, in order per stream."""
@@ -433,6 +438,16 @@ class NcclRelay:
     @property
     def in_flight(self) -> list[Instance]:
         return list(self._instances)
+
+    def unannounced(self, now: float, limit: float) -> str | None:
+        """Why the run cannot go on, when a real rank's bytes have waited `limit` seconds for a
+        collective no start line announced (its NCCL loads no profiler that announces), else None."""
+        for (rank, channel), st in self._in.items():
+            if st.unclaimed_since is not None and now - st.unclaimed_since >= limit:
+                return (f"rank {rank} sent {len(st.pending)} bytes on channel {channel} that no collective claims "
+                        f"after {limit:g} s: no profiler start line announced it (NEURONABOX_NCCL_TRACE_START=1 and "
+                        "the NeuronaBox profiler plugin must be loaded)")  # fmt: skip
+        return None
 
     def describe(self) -> str:
         """Where each stream stands: what a stuck run reports."""
