@@ -79,6 +79,18 @@ def token_owner(magic: int) -> tuple[int | None, int]:
     return (magic >> 8) & 0xFFFF, magic & 0xFF
 
 
+def strip_handshake(c: Conn, want: SocketType, magic: int) -> bool:
+    """Strip and check the 12-byte connect handshake off `c`'s input; False while it is incomplete."""
+    if len(c.inbuf) < HANDSHAKE.size:
+        return False
+    got_magic, kind = decode_handshake(bytes(c.inbuf[: HANDSHAKE.size]))
+    if kind != want or got_magic != magic:
+        raise NcclWireError(f"{c} opened with type {kind.name} magic {got_magic:#x}; expected {want.name} "
+                            f"magic {magic:#x}")  # fmt: skip
+    del c.inbuf[: HANDSHAKE.size]
+    return True
+
+
 class ProfileLines:
     """The profiler plugin's lines off its FIFO: (rank, CollParams) of each collective start."""
 
@@ -229,22 +241,11 @@ class NcclLive:
         elif c.role is Role.ROOT_IN:
             self._check_in(c)
 
-    def _handshake(self, c: Conn, want: SocketType, magic: int) -> bool:
-        """Strip and check the 12-byte connect handshake; False while it is incomplete."""
-        if len(c.inbuf) < HANDSHAKE.size:
-            return False
-        got_magic, kind = decode_handshake(bytes(c.inbuf[: HANDSHAKE.size]))
-        if kind != want or got_magic != magic:
-            raise NcclWireError(f"{c} opened with type {kind.name} magic {got_magic:#x}; expected {want.name} "
-                                f"magic {magic:#x}")  # fmt: skip
-        del c.inbuf[: HANDSHAKE.size]
-        return True
-
     def _classify(self, c: Conn) -> None:
         """The first frame's size names the connection: a root reply, a p2p message, a ring link."""
         if len(c.inbuf) < HANDSHAKE.size + SIZE.size:
             return
-        self._handshake(c, SocketType.BOOTSTRAP, self.uid.magic)
+        strip_handshake(c, SocketType.BOOTSTRAP, self.uid.magic)
         (size,) = SIZE.unpack_from(c.inbuf, 0)
         e = c.rank
         if size == self.layout.root_reply_size:
@@ -285,7 +286,7 @@ class NcclLive:
     def _check_in(self, c: Conn) -> None:
         """A real rank checks in with the emulated root: keep it; once all have, reply to each."""
         if c.reader is None:
-            if not self._handshake(c, SocketType.BOOTSTRAP, self.uid.magic):
+            if not strip_handshake(c, SocketType.BOOTSTRAP, self.uid.magic):
                 return
             c.reader = FrameReader(self.layout.ext_info_size, what="a check-in", limit=1)
         data, c.inbuf = bytes(c.inbuf), bytearray()
