@@ -249,16 +249,16 @@ class NcclLive:
         (size,) = SIZE.unpack_from(c.inbuf, 0)
         e = c.rank
         if size == self.layout.root_reply_size:
-            c.role = Role.ROOT_REPLY
+            c.become(Role.ROOT_REPLY)
         elif size == P2P_FIRST:
-            c.role = Role.P2P_IN
+            c.become(Role.P2P_IN)
         elif size == self.layout.ring_info_size:
             prev = (e - 1) % self.world
             if prev not in self.members:
                 raise NcclWireError(f"a ring link reached emulated rank {e} from {prev}, which is not real")
             if (prev, RingSide.AS_NEXT) in self.ring_conns:
                 raise NcclWireError(f"real rank {prev} opened a second ring link to emulated rank {e}")
-            c.role, c.rank = Role.RING_NEXT, prev
+            c.become(Role.RING_NEXT, rank=prev)
             data, c.inbuf = bytes(c.inbuf), bytearray()
             self._ring_conn(prev, RingSide.AS_NEXT, c)
             self.ring.feed(prev, RingSide.AS_NEXT, data)
@@ -360,7 +360,7 @@ class NcclLive:
         if rank is None or index != 0 or rank not in self.members or channel >= self.relay.config.channels:
             raise NcclWireError(f"a Socket-net connection with magic {magic:#x} socket {index}: not a handle the "
                                 "controller gave")  # fmt: skip
-        c.role, c.rank, c.channel = Role.NET_IN, rank, channel
+        c.become(Role.NET_IN, rank=rank, channel=channel)
         rest, c.inbuf = bytes(c.inbuf), bytearray()
         if rest:
             self.relay.feed(rank, channel, rest, self.clock())

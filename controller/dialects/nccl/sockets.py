@@ -33,6 +33,13 @@ class Role(Enum):
     ONE_SHOT = "a message the controller sends and closes"
 
 
+# A connection learns what it is from its first bytes; these are the only moves.
+BECOMES: dict[Role, frozenset[Role]] = {
+    Role.NODE_NEW: frozenset({Role.ROOT_REPLY, Role.P2P_IN, Role.RING_NEXT}),
+    Role.NET_NEW: frozenset({Role.NET_IN}),
+}
+
+
 @dataclass(eq=False)
 class Conn:
     sock: socket.socket
@@ -48,6 +55,13 @@ class Conn:
 
     def __str__(self) -> str:
         return f"{self.role.value} (rank {self.rank})"
+
+    def become(self, role: Role, rank: int | None = None, channel: int | None = None) -> None:
+        if role not in BECOMES.get(self.role, frozenset()):
+            raise ValueError(f"{self} cannot become {role.value}")
+        self.role = role
+        self.rank = self.rank if rank is None else rank
+        self.channel = self.channel if channel is None else channel
 
 
 class SocketLoop:
