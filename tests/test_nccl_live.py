@@ -247,12 +247,11 @@ def test_identity_elements_add_nothing():
     assert identity("prod", "int64") == (1).to_bytes(8, "little")
 
 
-@pytest.mark.parametrize("op, dtype", [("min", "bfloat16"), ("prod", "float32")])
-def test_emulated_ranks_add_the_reductions_identity(tmp_path, op, dtype):
+def test_emulated_ranks_add_the_reductions_identity(tmp_path):
     """NCCL's profiler does not say the op: the run names it, and an emulated rank adds its
-    identity (zeros would make a min 0 and a product 0)."""
-    specs = [make_spec(c, 8, minbytes="4K", maxbytes="1M", factor=16, iters=1, warmup=0, check=1, op=op,
-                       dtype=dtype) for c in ("all_reduce", "reduce_scatter")]  # fmt: skip
+    identity (zeros would make a min 0; the product's identity is checked above)."""
+    specs = [make_spec(c, 8, minbytes="4K", maxbytes="1M", factor=16, iters=1, warmup=0, check=1, op="min",
+                       dtype="bfloat16") for c in ("all_reduce", "reduce_scatter")]  # fmt: skip
     per_spec = run_rig(RigJob(specs, 8, [0, 4], timeout=240), tmp_path)
     assert all(r.wrong == 0 for rows in per_spec for r in rows), per_spec
 

@@ -125,7 +125,7 @@ def test_whatif_sweep_on_the_example(tmp_path):
     out = tmp_path / "sweep"
     res = nbx(
         "whatif", "--sweep", "latency=0,20ms,80ms", "--out", str(out), "--nnodes", "4",
-        "--", EXAMPLE, "--steps", "4",
+        "--", EXAMPLE, "--steps", "3",
     )  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
