@@ -22,6 +22,7 @@ import pytest
 from neuronabox.controller.dialects.nccl.errors import NcclWireError
 from neuronabox.controller.dialects.nccl.live import ProfileLines, token_owner
 from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay, UnspokenCollective, identity
+from neuronabox.controller.dialects.nccl.virtual import VirtualRanks
 from neuronabox.controller.release import ReleaseTiming
 from neuronabox.delay_models.whatif import WhatIf
 
@@ -87,53 +88,17 @@ def test_the_closed_form_sources_are_the_walked_ones():
 
 
 def play(kind: Kind, world: int, real: list[int], count: int, channels: int = 1, instances: int = 2):
-    """Real ranks stepping NCCL's ring program against the relay, slice by slice, with bytes
-    that name their sender and message (real neighbours hand theirs over directly); returns
-    what each real rank received."""
+    """Real ranks stepping NCCL's ring program against the relay in virtual time, slice by
+    slice, with bytes that name their sender and message (`VirtualRanks`: real neighbours
+    hand theirs over directly); returns what each real rank received."""
     config = NcclConfig(channels=channels)
     relay = NcclRelay(world, real, config, zero_timing(world))
     ring = NcclRing(kind, world, count, 4, root=1 % world, config=config)
-    got = {r: [] for r in real}
+    ranks = VirtualRanks(relay)
     for seq in range(instances):
-        p = params(kind, count, seq, len(ring.parts), 1 % world)
-        for r in real:
-            relay.collective(r, p, 0.0)
-        steps = {(r, c): [(op.recv, op.send, n) for op in ops for n in op.slices]
-                 for r in real for c, ops in ring.program(r).items()}  # fmt: skip
-        pos = dict.fromkeys(steps, 0)
-        sent = dict.fromkeys(steps, 0)
-        inbox = {key: [] for key in steps}
-        for _ in range(100_000):
-            moved = False
-            for r, c, head, payload in relay.due(0.0):
-                assert struct.unpack("<i", head) == (len(payload),)
-                inbox[(r, c)].append(payload)
-                moved = True
-            for key, prog in steps.items():
-                while pos[key] < len(prog):
-                    recv, send, n = prog[pos[key]]
-                    if recv:
-                        if not inbox[key]:
-                            break
-                        payload = inbox[key].pop(0)
-                        assert len(payload) == n
-                        got[key[0]].append(payload)
-                    if send:
-                        tag = struct.pack("<HHI", key[0], key[1], sent[key])[:n] if n else b""
-                        payload = tag + bytes(n - len(tag))
-                        succ = ((key[0] + 1) % world, key[1])
-                        if succ[0] in real:  # a real link: straight to the next real rank
-                            inbox[succ].append(payload)
-                        else:
-                            relay.feed(key[0], key[1], struct.pack("<i", n) + payload, 0.0)
-                        sent[key] += 1
-                    pos[key] += 1
-                    moved = True
-            if not moved:
-                break
-        assert all(pos[k] == len(v) for k, v in steps.items()), (seq, pos)
+        ranks.run(params(kind, count, seq, len(ring.parts), 1 % world), ring, 0.0)
     assert len(relay.finished) == instances and not relay.in_flight
-    return got
+    return ranks.received
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -275,6 +240,17 @@ def test_the_modeled_time_holds_the_real_rank_back(tmp_path):
 
 
 # ---------------------------------------------------------------- the command line
+
+
+def test_the_nccl_ladder_simulated_at_512_ranks_runs_no_process_and_is_the_model(run):
+    """--simulate --backend nccl: rank 0 plays NCCL's ring punctually against the live relay
+    in virtual time; its time is the model's, and it grows with the size."""
+    res = run("perf", "all_reduce", "--backend", "nccl", "--simulate", "--nnodes", "512", "-b", "4K", "-e", "4M",
+              "-f", "32", "-n", "2", "-w", "1", "--nccl-channels", "2", timeout=120)  # fmt: skip
+    assert res.rc == 0, res.err
+    table = [ln.split() for ln in res.out.splitlines() if ln.strip() and not ln.startswith("#")]
+    times, models = [float(r[5]) for r in table], [float(r[9]) for r in table]
+    assert len(table) == 3 and times == sorted(times) and times == pytest.approx(models, rel=1e-9)
 
 
 def test_perf_prints_nccl_tests_table_for_the_rig(run):

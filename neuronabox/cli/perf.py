@@ -14,7 +14,7 @@ from neuronabox.limits import check_world, output_problem
 from neuronabox.perf.ladder import PerfError, make_spec
 from neuronabox.perf.rig import rig_job, run_rig_ladder
 from neuronabox.perf.run import run_ladder
-from neuronabox.perf.simulated import simulate_ladder
+from neuronabox.perf.simulated import simulate_ladder, simulate_nccl_ladder
 from neuronabox.perf.table import TYPES, render
 from neuronabox.schedules import Kind
 
@@ -77,8 +77,8 @@ def refusal(ns) -> str | None:
             return "--device cuda: this torch sees no CUDA device (use --device cpu)"
     if ns.all_real and (ns.real_ranks or ns.real_nodes):
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
-    if ns.simulate and (ns.all_real or ns.backend != "gloo" or ns.data):
-        return "--simulate replays the Gloo ladder with no process: drop --all-real, --backend and --data"
+    if ns.simulate and (ns.all_real or ns.data or ns.real_ranks or ns.real_nodes):
+        return "--simulate replays rank 0 with no process: drop --all-real, --data and the real ranks"
     if ns.backend == "nccl":
         cause = rig_refusal(ns)
         if cause:
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     if cause is None and ns.backend == "nccl" and spec.coll not in RIG_RUNS:
         cause = f"the NCCL dialect plays {', '.join(RIG_RUNS)} (NCCL's ring), not {spec.coll}"
     rig = None
-    if cause is None and ns.backend == "nccl":
+    if cause is None and ns.backend == "nccl" and not ns.simulate:
         try:
             rig = rig_job(ns, spec, world)
         except NeuronaBoxError as exc:
@@ -169,6 +169,10 @@ def main(argv: list[str]) -> int:
 
 
 def _rows(ns, spec, options: dict) -> list:
+    if ns.simulate and ns.backend == "nccl":
+        return simulate_nccl_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
+                                    delay_model=ns.delay_model, inject=ns.inject,
+                                    channels=ns.nccl_channels)  # fmt: skip
     if ns.simulate:
         return simulate_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
                                delay_model=ns.delay_model, inject=ns.inject)  # fmt: skip

@@ -32,3 +32,37 @@ def simulate_ladder(spec: PerfSpec, nnodes: int, nproc_per_node: int, *, topolog
         count = size // spec.elem
         rows.append(Row(size, count, statistics.fmean(spans), None, statistics.fmean(model)))  # no values to check
     return rows
+
+
+def simulate_nccl_ladder(spec: PerfSpec, nnodes: int, nproc_per_node: int, *, topology: str | None = None,
+                         delay_model: str | None = None, inject: list[str] | None = None,
+                         channels: int = 1) -> list[Row]:  # fmt: skip
+    """The NCCL ladder in virtual time: rank 0 plays NCCL's ring program punctually against
+    the live relay (`controller/dialects/nccl/virtual.py`), calls back to back; a row's time
+    is what the network alone gives it, its model column the relay's prediction."""
+    from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay
+    from neuronabox.controller.dialects.nccl.virtual import VirtualRanks
+    from neuronabox.schedules.nccl import NcclConfig, NcclRing
+
+    world = nnodes * nproc_per_node
+    timing, *_ = network_of({}, nnodes, nproc_per_node, topology, delay_model, inject or [])
+    config = NcclConfig(channels=channels)
+    op = spec.op if spec.op not in ("none", "-") else "sum"
+    relay = NcclRelay(world, [0], config, timing, redop=op)
+    ranks = VirtualRanks(relay)
+    rows, now, seq = [], 0.0, 0
+    for size in spec.sizes:
+        count = size // spec.elem // (world if spec.coll.value in ("allgather", "reduce_scatter") else 1)
+        ring = NcclRing(spec.coll, world, count, spec.elem, root=spec.root, config=config)
+        spans, model = [], []
+        for call in range(spec.warmup + spec.iters):
+            p = CollParams(seq, spec.coll, count, spec.dtype, spec.elem, spec.root, len(ring.parts), "RING", "SIMPLE")
+            start = now
+            now = ranks.run(p, ring, start)
+            inst = relay.finished.pop()
+            seq += 1
+            if call >= spec.warmup:
+                spans.append(now - start)
+                model.append(inst.predicted)
+        rows.append(Row(size, size // spec.elem, statistics.fmean(spans), None, statistics.fmean(model)))
+    return rows
