@@ -8,7 +8,9 @@
 # the project needs beyond it travels as wheels: before the call, here,
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       -d .whl simpy==4.1.1
+#       -d .whl simpy==4.1.1 'setuptools>=74.1'
+# (setuptools: the project's native extensions build with the pyproject's ext-modules table,
+# which older setuptools do not read; the wheels go first on PYTHONPATH).
 # and name `.whl` in the call's carry. Steps, each bounded, each one's output in session.log:
 #   1. the machine: GPU, driver, torch, its NCCL;
 #   2. build: the NCCL plugins (make -C nccl_patch), the project installed in place;
