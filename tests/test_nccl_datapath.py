@@ -1,5 +1,5 @@
-"""The Socket-net data path (controller/dialects/nccl/datapath.py) against a byte-level model
-of the real rank's device loop, written here from NCCL v2.28.9's src/device/all_reduce.h,
+"""The Socket-net data path (the relay, controller/dialects/nccl/relay.py, with one real rank)
+against a byte-level model of the real rank's device loop, written here from NCCL v2.28.9's src/device/all_reduce.h,
 all_gather.h, reduce_scatter.h and broadcast.h (offsets, the partial last loop, which ops
 reduce and which copy): fed only what the data path sends, the real rank must end with
 what the data policy predicts, exactly, and every frame must be the size NCCL moves."""
@@ -11,13 +11,44 @@ import struct
 
 import numpy as np
 import pytest
-from neuronabox.controller.dialects.nccl.datapath import RingDataPath
 from neuronabox.controller.dialects.nccl.errors import NcclWireError
+from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay
 from neuronabox.controller.dialects.nccl.wire import FrameReader
+from neuronabox.controller.release import ReleaseTiming
 
+from neuronabox import delay_models, topology
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import round_up
 from neuronabox.schedules.nccl import NcclConfig, NcclRing, div_up, slice_sizes
+
+
+class RelayPath:
+    """One channel of a relay with one real rank, as that rank's sockets see it: its frames
+    in, the frames for it out (`due` answers for every channel: the others' wait their turn)."""
+
+    def __init__(self, relay: NcclRelay, rank: int, channel: int, outbox: dict[int, list[bytes]]) -> None:
+        self.relay, self.rank, self.channel, self.outbox = relay, rank, channel, outbox
+
+    def start(self) -> list[bytes]:
+        return self._mine()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self.relay.feed(self.rank, self.channel, data, 0.0)
+        return self._mine()
+
+    def _mine(self) -> list[bytes]:
+        for _, c, head, payload in self.relay.due(0.0):
+            self.outbox.setdefault(c, []).append(head + payload)
+        return self.outbox.pop(self.channel, [])
+
+
+def relay_of(ring: NcclRing, rank: int, dtype: str = "float32") -> NcclRelay:
+    """A relay with `rank` the one real rank of `ring`'s world, its collective announced."""
+    timing = ReleaseTiming(delay_models.load("zero", topology.load("cpu-25gbe").with_nodes(ring.world, 1)))
+    relay = NcclRelay(ring.world, [rank], ring.config, timing)
+    relay.collective(rank, CollParams(0, ring.kind, ring.count, dtype, ring.elem, ring.root, len(ring.parts), "RING",
+                                      "SIMPLE"), 0.0)  # fmt: skip
+    return relay
 
 
 class RealRank:
@@ -46,12 +77,12 @@ class RealRank:
         starts = itertools.accumulate((0, *sizes[:-1]))
         return list(zip(starts, sizes, strict=True))
 
-    def send(self, values: np.ndarray, n: int, path: RingDataPath) -> None:
+    def send(self, values: np.ndarray, n: int, path: RelayPath) -> None:
         for a, k in self._slices(n):
             data = values[a : a + k].tobytes()
             self.frames.extend(path.feed(struct.pack("<i", len(data)) + data))
 
-    def recv(self, n: int, path: RingDataPath) -> np.ndarray:
+    def recv(self, n: int, path: RelayPath) -> np.ndarray:
         parts = []
         for _, k in self._slices(n):
             if not self.frames:
@@ -61,7 +92,7 @@ class RealRank:
             parts.append(np.frombuffer(payload, dtype=self.wire))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=self.wire)
 
-    def run(self, part, path: RingDataPath) -> None:
+    def run(self, part, path: RelayPath) -> None:
         self.frames.extend(path.start())
         k, w, r = self.ring.kind, self.w, self.rank
         if k == Kind.ALLREDUCE:
@@ -134,11 +165,13 @@ def play(kind: Kind, world: int, count: int, dtype, rank: int, channels: int, ro
     n = count * world if kind == Kind.REDUCE_SCATTER else count
     x = rng.integers(-1000, 1000, size=n).astype(dtype)
     real = RealRank(ring, rank, x)
+    relay, outbox = relay_of(ring, rank, np.dtype(dtype).name), {}
     for part in ring.parts:
-        path = RingDataPath(ring, rank, part.channel)
+        path = RelayPath(relay, rank, part.channel, outbox)
         real.run(part, path)
-        assert path.done and not path.rest and not real.frames, "every message of the schedule moved, no more"
-        assert path.held == 0
+        assert not relay.waiting(rank, part.channel) and not real.frames, "every message of the schedule moved"
+    assert [i.params.seq for i in relay.finished] == [0] and not relay.in_flight and not any(outbox.values())
+    assert not relay.finished[0].got  # nothing of the real rank's held past its last forward
     return real
 
 
@@ -173,20 +206,21 @@ def test_reduce_scatter_leaves_the_own_block_and_broadcast_zeros():
 
 def test_a_frame_of_the_wrong_size_is_refused_naming_it():
     ring = NcclRing(Kind.ALLREDUCE, 4, 1 << 16, 4)
-    path = RingDataPath(ring, 0, 0)
+    path = RelayPath(relay_of(ring, 0), 0, 0, {})
     path.start()
     first = ring.sends(0)[0].nbytes
-    with pytest.raises(NcclWireError, match=f"sent {first - 4} bytes as message 0 of its allreduce on channel 0"):
+    with pytest.raises(NcclWireError, match=f"sent {first - 4} bytes as message 0 of allreduce seq 0 on channel 0"):
         path.feed(struct.pack("<i", first - 4) + bytes(first - 4))
     with pytest.raises(NcclWireError, match="more than the"):
-        RingDataPath(ring, 0, 0).feed(struct.pack("<i", ring.posted_bytes + 1))
+        RelayPath(relay_of(ring, 0), 0, 0, {}).feed(struct.pack("<i", ring.posted_bytes + 1))
 
 
 def test_bytes_beyond_the_collective_are_left_for_the_next():
     ring = NcclRing(Kind.ALLGATHER, 2, 64, 1)
-    path = RingDataPath(ring, 0, 0)
+    relay = relay_of(ring, 0, "uint8")
+    path = RelayPath(relay, 0, 0, {})
     frames = [struct.pack("<i", m.nbytes) + bytes([7]) * m.nbytes for m in ring.sends(0)]
     out = path.start() + path.feed(b"".join(frames) + b"NEXT")
-    assert path.done and path.rest == b"NEXT"
+    assert len(relay.finished) == 1 and relay.waiting(0, 0) == b"NEXT"
     assert [len(f) - 4 for f in out] == [m.nbytes for m in ring.recvs(0)]
     assert all(f[4:] == bytes([7]) * (len(f) - 4) for f in out)  # the mirror: the rank's own bytes back

@@ -435,6 +435,10 @@ class NcclRelay:
             del self._by_key[(done.params.kind, done.params.seq)]
             self._base += 1
 
+    def waiting(self, rank: int, channel: int) -> bytes:
+        """Bytes of `rank`'s on `channel` that no announced collective has claimed yet."""
+        return bytes(self._in[(rank, channel)].pending)
+
     @property
     def in_flight(self) -> list[Instance]:
         return list(self._instances)
