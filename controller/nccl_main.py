@@ -29,6 +29,7 @@ from neuronabox.schedules.nccl import NcclConfig
 from neuronabox.trace.records import TraceWriter
 
 from .dialects.gloo.driver import raise_fd_limit
+from .dialects.nccl.errors import NcclError
 from .dialects.nccl.live import NcclLive
 from .dialects.nccl.relay import Instance, NcclRelay
 from .dialects.nccl.sockets import open_profile_fifo
@@ -66,14 +67,25 @@ def record_of(inst: Instance, order: int, world: int) -> InstanceRecord:
     start = min(inst.entered.values(), default=inst.created)
     end = max([start, *inst.left.values()])
     per_rank = {r: (t, max(t, inst.left.get(r, t))) for r, t in inst.entered.items()}
-    gathered = p.kind in ("allgather", "reduce_scatter")
+    numel = p.total_count(world)
     return InstanceRecord(
-        group="0", tag=order, kind=str(p.kind), nbytes=p.nbytes * (world if gathered else 1),
+        group="0", tag=order, kind=str(p.kind), nbytes=numel * p.elem,
         boundary_messages=inst.boundary_messages, start=start, end=end, per_rank=per_rank,
         geometry=f"nccl {p.algo}/{p.proto} {p.channels}ch", loop_cpu=time.process_time(), predicted=inst.predicted,
-        world=world, root=p.root if p.kind == "broadcast" else None, numel=p.count * (world if gathered else 1),
+        world=world, root=p.root if p.kind == "broadcast" else None, numel=numel,
         elem=p.elem, dtype=p.dtype,
     )  # fmt: skip
+
+
+def read_uid(line: str) -> UniqueId:
+    """Real rank 0's unique id, as the runner writes it: `uid HEX`."""
+    words = line.split()
+    try:
+        if len(words) != 2 or words[0] != "uid":
+            raise ValueError("not 'uid HEX'")
+        return UniqueId.decode(bytes.fromhex(words[1]))
+    except (ValueError, NcclError) as exc:
+        raise NeuronaBoxError(f"expected 'uid HEX' (128 bytes) on stdin, got {line.strip()[:80]!r}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,12 +118,10 @@ def serve(args: argparse.Namespace) -> int:
                   "data": "zeros", "observer": False, "backend": "nccl", "nccl": str(layout.version),
                   "started_us": round(anchor_epoch * 1e6, 3)}  # fmt: skip
         trace = TraceWriter(args.trace, header, anchor_epoch - anchor_mono)
-    order = [0]
 
-    def on_instance(inst: Instance) -> None:
+    def on_instance(inst: Instance, order: int) -> None:
         if trace is not None:
-            trace.instance(record_of(inst, order[0], args.world))
-        order[0] += 1
+            trace.instance(record_of(inst, order, args.world))
 
     live = None
     state, error = "finished", ""
@@ -120,10 +130,7 @@ def serve(args: argparse.Namespace) -> int:
                         silence_s=args.silence)
         if 0 in real:
             print("ready", flush=True)
-            line = sys.stdin.readline(1024).split()
-            if len(line) != 2 or line[0] != "uid":
-                raise NeuronaBoxError(f"expected 'uid HEX' on stdin, got {' '.join(line)[:80]!r}")
-            live.join(UniqueId.decode(bytes.fromhex(line[1])))
+            live.join(read_uid(sys.stdin.readline(1024)))
         else:
             print(f"ready uid={live.unique_id.hex()}", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -139,7 +146,8 @@ def serve(args: argparse.Namespace) -> int:
             live.close()
         if trace is not None:
             trace.close({"state": state, "error": error, "stopped_because": "", "inject": timing.whatif.specs(),
-                         "release": timing.lateness_summary(), "collectives": order[0]})  # fmt: skip
+                         "release": timing.lateness_summary(),
+                         "collectives": live.collectives if live else 0})  # fmt: skip
         for fd in (rfd, wfd):
             os.close(fd)
     return 0

@@ -263,17 +263,6 @@ def check(rc: int, what: str, nccl: ctypes.CDLL) -> None:
         raise RuntimeError(f"{what} failed: {nccl.ncclGetErrorString(rc).decode()} ({rc})")
 
 
-def as_dtype(values, dtype: str):
-    """Host bytes of `values` (a float32 numpy array of small integers) in the case's dtype."""
-    import numpy as np
-
-    if dtype == "float32":
-        return values.astype(np.float32).tobytes()
-    if dtype == "float16":
-        return values.astype(np.float16).tobytes()
-    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()  # exact for these values
-
-
 def inputs(rank: int, n: int):
     """Rank r's element i: small integers, so every partial sum of up to 8 ranks is exact in bf16."""
     import numpy as np
@@ -340,7 +329,7 @@ def worker(args: argparse.Namespace) -> int:
 def run_rank(args: argparse.Namespace, out, current: dict) -> int:
     import numpy as np
 
-    from neuronabox.perf.rig_worker import Rig
+    from neuronabox.perf.rig_worker import Rig, encode
 
     rig = Rig(args.nccl)  # the rig's driver: first on LD_LIBRARY_PATH
     cuda, nccl = rig.cuda, rig.nccl
@@ -358,8 +347,8 @@ def run_rank(args: argparse.Namespace, out, current: dict) -> int:
         count, send_n, recv_n = case_counts(case, world)
         if index == args.stall_at and args.rank == args.stall_rank:
             time.sleep(3600)  # a fault for the tests: this rank never joins the collective
-        host_in = as_dtype(inputs(args.rank, send_n), case["dtype"])
-        want = as_dtype(expected(case, args.rank, world, count), case["dtype"])
+        host_in = encode(inputs(args.rank, send_n), case["dtype"])
+        want = encode(expected(case, args.rank, world, count), case["dtype"])
         send, recv = ctypes.c_uint64(), ctypes.c_uint64()
         check(cuda.cuMemAlloc_v2(ctypes.byref(send), ctypes.c_size_t(send_n * elem)), "cuMemAlloc", nccl)
         check(cuda.cuMemAlloc_v2(ctypes.byref(recv), ctypes.c_size_t(recv_n * elem)), "cuMemAlloc", nccl)

@@ -23,10 +23,13 @@ from neuronabox.controller.dialects.nccl.errors import NcclWireError
 from neuronabox.controller.dialects.nccl.live import ProfileLines, token_owner
 from neuronabox.controller.dialects.nccl.relay import CollParams, NcclRelay, UnspokenCollective, identity
 from neuronabox.controller.dialects.nccl.virtual import VirtualRanks
+from neuronabox.controller.dialects.nccl.wire import SockAddr, UniqueId
+from neuronabox.controller.nccl_main import read_uid
 from neuronabox.controller.release import ReleaseTiming
 from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.perf.ladder import make_spec
 from neuronabox.perf.rig import RigJob, RigRunError, run_rig
 from neuronabox.schedules import Kind
@@ -296,6 +299,14 @@ def test_a_rank_whose_collectives_are_not_announced_ends_the_run_naming_why(tmp_
     spec = make_spec("all_reduce", 4, minbytes="4K", maxbytes="4K", iters=1, warmup=0, check=1)
     with pytest.raises(RigRunError, match="no profiler start line announced it"):
         run_rig(RigJob([spec], 4, [0], announce=False, silence_s=1.0, timeout=120), tmp_path)
+
+
+def test_rank_0s_unique_id_is_read_or_refused_in_one_line():
+    uid = UniqueId(0xABC, SockAddr("127.0.0.1", 4242))
+    assert read_uid(f"uid {uid.encode().hex()}\n") == uid
+    for bad in ("", "uid", "uid zz", f"id {uid.encode().hex()}", "uid 00"):
+        with pytest.raises(NeuronaBoxError, match="expected 'uid HEX'"):
+            read_uid(bad)
 
 
 def test_the_controller_process_names_a_bad_request(tmp_path):

@@ -113,6 +113,11 @@ def whole_elements(kind: Kind, size: int, elem: int, world: int) -> int:
     return size // per * per
 
 
+def nccl_count(kind: Kind, size: int, elem: int, world: int) -> int:
+    """NCCL's count for a row of `size` bytes: per rank for allgather and reduce-scatter."""
+    return size // elem // (world if kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
+
+
 def make_spec(coll: str, world: int, *, minbytes: str = "32M", maxbytes: str = "32M", factor: int | None = None,
               step: str | None = None, iters: int = 20, warmup: int = 5, check: int = 1, op: str = "sum",
               dtype: str = "float", root: int = 0) -> PerfSpec:  # fmt: skip

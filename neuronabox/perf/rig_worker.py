@@ -25,7 +25,7 @@ import numpy as np
 
 from neuronabox.limits import read_bounded
 from neuronabox.perf.expect import BLOCKED, expected, mirror_source, value
-from neuronabox.perf.ladder import PerfSpec
+from neuronabox.perf.ladder import PerfSpec, nccl_count
 from neuronabox.schedules import Kind
 
 # torch's dtype name -> (ncclDataType_t, numpy dtype of the bytes NCCL moves)
@@ -98,7 +98,7 @@ class Case:
         n = nbytes // spec.elem
         kind = spec.coll
         self.count = n
-        self.nccl_count = n // world if kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else n
+        self.nccl_count = nccl_count(kind, nbytes, spec.elem, world)
         self.in_n = n // world if kind == Kind.ALLGATHER else n
         self.out_n = n // world if kind == Kind.REDUCE_SCATTER else n
         self.send, self.recv = ctypes.c_uint64(), ctypes.c_uint64()

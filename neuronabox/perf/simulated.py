@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from neuronabox.perf.ladder import PerfError, PerfSpec
+from neuronabox.perf.ladder import PerfError, PerfSpec, nccl_count
 from neuronabox.perf.table import Row
 from neuronabox.sim.simulate import REPLAYED, Op, Program, network_of, simulate
 
@@ -52,7 +52,7 @@ def simulate_nccl_ladder(spec: PerfSpec, nnodes: int, nproc_per_node: int, *, to
     ranks = VirtualRanks(relay)
     rows, now, seq = [], 0.0, 0
     for size in spec.sizes:
-        count = size // spec.elem // (world if spec.coll.value in ("allgather", "reduce_scatter") else 1)
+        count = nccl_count(spec.coll, size, spec.elem, world)
         ring = NcclRing(spec.coll, world, count, spec.elem, root=spec.root, config=config)
         spans, model = [], []
         for call in range(spec.warmup + spec.iters):

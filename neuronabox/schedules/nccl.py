@@ -398,8 +398,7 @@ def pipeline_time(sizes: list[int], hops: int, hop: Link, work: float = 0.0) -> 
     through the first link and the largest through the others."""
     if hops <= 0 or not sizes:
         return 0.0
-    service = [n / hop.bandwidth for n in sizes]
-    return sum(service) + (hops - 1) * max(service) + hops * hop.latency + (hops - 1) * work
+    return pipeline_arrivals(sizes, hops, hop, work)[-1]
 
 
 # ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ Ring sockets, named by the part the controller plays on each:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -34,20 +34,24 @@ def root_checkins(
     layout: Layout,
     uid: UniqueId,
     world: int,
-    root_listen: Sequence[bytes],
-    ring_listen: Sequence[bytes],
+    root_listen: Sequence[bytes] | Mapping[int, bytes],
+    ring_listen: Sequence[bytes] | Mapping[int, bytes],
+    ranks: Iterable[int] | None = None,
 ) -> list[RootCheckIn]:
-    """The check-ins of ranks 1..W-1. `root_listen[r]` / `ring_listen[r]` are rank r's 28-byte
-    addresses (index 0 is R's and unused); distinct per rank so the controller can tell which
-    emulated rank the root or R dialled. Single root: iroot 0, nroots 1, offset 0."""
+    """The check-ins of the emulated `ranks` (default 1..W-1: R is rank 0). `root_listen[r]` /
+    `ring_listen[r]` are rank r's 28-byte addresses, distinct per rank so the controller can
+    tell which emulated rank the root or R dialled. Single root: iroot 0, nroots 1, offset 0."""
     if world < 2:
         raise ValueError("a world of one rank has nobody to impersonate")
-    if len(root_listen) != world or len(ring_listen) != world:
-        raise ValueError(f"need {world} root-listen and ring-listen addresses (index 0 unused)")
+    ranks = list(range(1, world) if ranks is None else ranks)
+    try:
+        addrs = [(root_listen[r], ring_listen[r]) for r in ranks]
+    except (IndexError, KeyError) as exc:
+        raise ValueError(f"no root-listen or ring-listen address for rank {exc.args[0]}") from None
     hello = encode_handshake(uid.magic, SocketType.BOOTSTRAP)
     out = []
-    for r in range(1, world):
-        info = ExtInfo(r, world, 0, 1, root_listen[r], ring_listen[r])
+    for r, (root_addr, ring_addr) in zip(ranks, addrs, strict=True):
+        info = ExtInfo(r, world, 0, 1, root_addr, ring_addr)
         payload = info.encode(layout)
         out.append(RootCheckIn(r, payload, hello + encode_frame(payload)))
     return out

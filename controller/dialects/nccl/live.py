@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .bootstrap import RingSide
+from .bootstrap import RingSide, decode_root_reply, root_checkins
 from .errors import NcclError, NcclWireError
 from .layouts import decode_recv_connect_info
 from .relay import CollParams, Instance, NcclRelay
@@ -39,6 +39,7 @@ from .sockets import Conn, Role, SocketLoop
 from .versions import Layout
 from .wire import (
     HANDSHAKE,
+    P2P_ACK,
     SIZE,
     ExtInfo,
     FrameReader,
@@ -57,7 +58,6 @@ from .wire import (
 
 TOKEN_BASE = 0x4E42580000000000  # "NBX": the net handle magic that names (real rank, position)
 MAX_P2P = 1 << 20
-P2P_FIRST = 8  # the p2p preamble's size: [rank, tag]
 SPIN = 1.5e-3  # the last stretch before a release is polled, not slept: epoll rounds its sleep up to 1 ms
 DEBUG = os.environ.get("NEURONABOX_NCCL_DEBUG") == "1"  # each read, on stderr
 
@@ -126,17 +126,17 @@ class NcclLive:
     When real rank 0 is the root, its unique id comes through `join` once the ports are
     open; otherwise the controller is the root and `unique_id` is the id for the real
     ranks. `profile_fd`: the read end of the profiler's FIFO. `on_instance`: each finished
-    collective. `clock`: monotonic seconds.
+    collective, with its place in the run's order. `clock`: monotonic seconds.
     """
 
     def __init__(self, layout: Layout, world: int, real: list[int], relay: NcclRelay, profile_fd: int,
-                 host: str = "127.0.0.1", on_instance: Callable[[Instance], None] | None = None,
+                 host: str = "127.0.0.1", on_instance: Callable[[Instance, int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, silence_s: float = 10.0) -> None:  # fmt: skip
         if not real or any(not 0 <= r < world for r in real):
             raise NcclError(f"real ranks {real} do not fit a world of {world}")
         if len(set(real)) == world:
             raise NcclError("every rank is real: there is nobody to emulate")
-        if len({layout.root_reply_size, P2P_FIRST, layout.ring_info_size}) != 3:
+        if len({layout.root_reply_size, P2P_ACK.size, layout.ring_info_size}) != 3:
             raise NcclError(f"NCCL {layout.name}: a ring slice is as large as a root reply or a p2p preamble")
         self.layout, self.world, self.real, self.relay = layout, world, sorted(set(real)), relay
         self.members = set(self.real)
@@ -173,10 +173,8 @@ class NcclLive:
         if 0 not in self.members or self.uid is not None:
             raise NcclError("the unique id is the controller's own, or came already")
         self.uid = uid
-        hello = encode_handshake(uid.magic, SocketType.BOOTSTRAP)
-        for e in self.emulated:
-            info = ExtInfo(e, self.world, 0, 1, self.node_addr[e], self.node_addr[e])
-            self.io.dial(uid.root, Role.ONE_SHOT, hello + encode_frame(info.encode(self.layout)), close=True)
+        for checkin in root_checkins(self.layout, uid, self.world, self.node_addr, self.node_addr, self.emulated):
+            self.io.dial(uid.root, Role.ONE_SHOT, checkin.wire, close=True)
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> None:
@@ -250,7 +248,7 @@ class NcclLive:
         e = c.rank
         if size == self.layout.root_reply_size:
             c.become(Role.ROOT_REPLY)
-        elif size == P2P_FIRST:
+        elif size == P2P_ACK.size:
             c.become(Role.P2P_IN)
         elif size == self.layout.ring_info_size:
             prev = (e - 1) % self.world
@@ -264,7 +262,7 @@ class NcclLive:
             self.ring.feed(prev, RingSide.AS_NEXT, data)
         else:
             raise NcclWireError(f"emulated rank {e}'s bootstrap port got a {size}-byte first frame: not a root reply "
-                                f"({self.layout.root_reply_size}), a p2p preamble ({P2P_FIRST}) or a ring slice "
+                                f"({self.layout.root_reply_size}), a p2p preamble ({P2P_ACK.size}) or a ring slice "
                                 f"({self.layout.ring_info_size})")  # fmt: skip
 
     def _root_reply(self, c: Conn) -> None:
@@ -273,7 +271,7 @@ class NcclLive:
         n = SIZE.size + self.layout.root_reply_size
         if len(c.inbuf) < n:
             return
-        info = bytes(c.inbuf[SIZE.size : n])
+        info = decode_root_reply(self.layout, bytes(c.inbuf[SIZE.size : n]))
         del c.inbuf[:n]
         nxt = (c.rank + 1) % self.world
         addr = SockAddr.decode(info[:28])
@@ -310,10 +308,10 @@ class NcclLive:
 
     def _p2p(self, c: Conn) -> None:
         if c.p2p is None:
-            if len(c.inbuf) < SIZE.size + P2P_FIRST:
+            if len(c.inbuf) < SIZE.size + P2P_ACK.size:
                 return
-            c.p2p = decode_p2p_preamble(bytes(c.inbuf[SIZE.size : SIZE.size + P2P_FIRST]))
-            del c.inbuf[: SIZE.size + P2P_FIRST]
+            c.p2p = decode_p2p_preamble(bytes(c.inbuf[SIZE.size : SIZE.size + P2P_ACK.size]))
+            del c.inbuf[: SIZE.size + P2P_ACK.size]
             c.reader = FrameReader(MAX_P2P, what=f"rank {c.p2p[0]}'s bootstrap message to rank {c.rank}", limit=1)
         data, c.inbuf = bytes(c.inbuf), bytearray()
         for payload in c.reader.feed(data):
@@ -408,6 +406,6 @@ class NcclLive:
                 self.io.write(c, head, payload)
         while self.relay.finished:
             inst = self.relay.finished.pop(0)
-            self.collectives += 1
             if self.on_instance is not None:
-                self.on_instance(inst)
+                self.on_instance(inst, self.collectives)
+            self.collectives += 1

@@ -41,6 +41,19 @@ _INTS = {"int8": (1, True), "uint8": (1, False), "int32": (4, True), "uint32": (
          "uint64": (8, False)}  # fmt: skip
 
 
+# NCCL's profiler names (ncclFuncToString, ncclDatatypeToString) -> ours
+FUNCS = {"AllReduce": Kind.ALLREDUCE, "AllGather": Kind.ALLGATHER, "ReduceScatter": Kind.REDUCE_SCATTER,
+         "Broadcast": Kind.BROADCAST}  # fmt: skip
+DTYPES = {"ncclInt8": ("int8", 1), "ncclUint8": ("uint8", 1), "ncclInt32": ("int32", 4), "ncclUint32": ("uint32", 4),
+          "ncclInt64": ("int64", 8), "ncclUint64": ("uint64", 8), "ncclFloat16": ("float16", 2),
+          "ncclFloat32": ("float32", 4), "ncclFloat64": ("float64", 8), "ncclBfloat16": ("bfloat16", 2),
+          "ncclFloat8e4m3": ("float8_e4m3fn", 1), "ncclFloat8e5m2": ("float8_e5m2", 1)}  # fmt: skip
+
+
+class UnspokenCollective(NcclError):
+    """A collective the live NCCL dialect does not play (an algorithm, protocol or kind)."""
+
+
 def identity(op: str, dtype: str) -> bytes:
     """One element of `op`'s identity in `dtype`, little endian: what adds nothing to a reduction."""
     if op in ("sum", "avg"):
@@ -59,18 +72,6 @@ def identity(op: str, dtype: str) -> bytes:
         n = int(value) if math.isfinite(value) else (low if value < 0 else high)
         return n.to_bytes(size, "little", signed=signed)
     raise UnspokenCollective(f"no {op} identity for NCCL datatype {dtype}")
-
-# NCCL's profiler names (ncclFuncToString, ncclDatatypeToString) -> ours
-FUNCS = {"AllReduce": Kind.ALLREDUCE, "AllGather": Kind.ALLGATHER, "ReduceScatter": Kind.REDUCE_SCATTER,
-         "Broadcast": Kind.BROADCAST}  # fmt: skip
-DTYPES = {"ncclInt8": ("int8", 1), "ncclUint8": ("uint8", 1), "ncclInt32": ("int32", 4), "ncclUint32": ("uint32", 4),
-          "ncclInt64": ("int64", 8), "ncclUint64": ("uint64", 8), "ncclFloat16": ("float16", 2),
-          "ncclFloat32": ("float32", 4), "ncclFloat64": ("float64", 8), "ncclBfloat16": ("bfloat16", 2),
-          "ncclFloat8e4m3": ("float8_e4m3fn", 1), "ncclFloat8e5m2": ("float8_e5m2", 1)}  # fmt: skip
-
-
-class UnspokenCollective(NcclError):
-    """A collective the live NCCL dialect does not play (an algorithm, protocol or kind)."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,10 @@ class CollParams:
         return cls(int(doc["seq"]), FUNCS[func], int(doc["count"]), dtype, elem, int(doc["root"]),
                    int(doc["channels"]), algo, proto)  # fmt: skip
 
-    @property
-    def nbytes(self) -> int:
-        """The bytes a delay model prices: the gathered total for allgather, the whole input
-        for reduce-scatter, the buffer otherwise."""
-        return self.count * self.elem
+    def total_count(self, world: int) -> int:
+        """The elements the collective is about (what a trace records and a delay model prices):
+        the gathered total for allgather, the whole input for reduce-scatter, else the buffer."""
+        return self.count * (world if self.kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
 
 
 @dataclass
@@ -115,32 +115,6 @@ class _Out:
     nbytes: int
     source: Source | None
     release: float = 0.0
-
-
-@dataclass
-class Instance:
-    """One collective in flight on every stream."""
-
-    params: CollParams
-    ring: NcclRing
-    created: float
-    predicted: float
-    hop: LinkClass
-    work: float
-    sends: dict[tuple[int, int], list[int]]  # IN (R, c) -> the sizes R sends
-    outs: dict[tuple[int, int], list[_Out]]  # OUT (R, c) -> what the controller sends R
-    uses: dict[tuple[int, int, int], int]  # (Q, c, index) -> forwards still to make
-    got: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
-    arrived: dict[tuple[int, int], int] = field(default_factory=dict)  # IN stream -> frames in
-    lines: dict[int, float] = field(default_factory=dict)  # real rank -> when its start line came
-    entered: dict[int, float] = field(default_factory=dict)  # real rank -> when it began (its stream reached it)
-    ranks_done: dict[int, int] = field(default_factory=dict)  # real rank -> its streams done with this one
-    left: dict[int, float] = field(default_factory=dict)  # real rank -> its last message, either way
-    streams_done: set = field(default_factory=set)
-
-    @property
-    def boundary_messages(self) -> int:
-        return sum(map(len, self.sends.values())) + sum(map(len, self.outs.values()))
 
 
 @dataclass(frozen=True)
@@ -153,6 +127,40 @@ class _Plan:
     uses: dict[tuple[int, int, int], int]
     free_times: dict[tuple, float] = field(default_factory=dict)  # (hop, work) -> the model's time
     arrivals: dict[tuple, list[float]] = field(default_factory=dict)  # (rank, channel, hop, work) -> times
+
+
+@dataclass
+class Instance:
+    """One collective in flight on every stream."""
+
+    params: CollParams
+    plan: _Plan
+    created: float
+    predicted: float
+    hop: LinkClass
+    work: float
+    outs: dict[tuple[int, int], list[_Out]]  # OUT (R, c) -> what the controller sends R
+    uses: dict[tuple[int, int, int], int]  # (Q, c, index) -> forwards still to make
+    got: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
+    arrived: dict[tuple[int, int], int] = field(default_factory=dict)  # IN stream -> frames in
+    lines: dict[int, float] = field(default_factory=dict)  # real rank -> when its start line came
+    entered: dict[int, float] = field(default_factory=dict)  # real rank -> when it began (its stream reached it)
+    ranks_done: dict[int, int] = field(default_factory=dict)  # real rank -> its streams done with this one
+    left: dict[int, float] = field(default_factory=dict)  # real rank -> its last message, either way
+    streams_done: set = field(default_factory=set)
+
+    @property
+    def ring(self) -> NcclRing:
+        return self.plan.ring
+
+    @property
+    def sends(self) -> dict[tuple[int, int], list[int]]:
+        """IN (R, c) -> the sizes R sends."""
+        return self.plan.sends
+
+    @property
+    def boundary_messages(self) -> int:
+        return sum(map(len, self.sends.values())) + sum(map(len, self.outs.values()))
 
 
 class _Stream:
@@ -235,7 +243,7 @@ class NcclRelay:
         plan = self._plan(p)
         ring = plan.ring
         timing = self.timing
-        hop = timing.hop(p.kind, self._priced_bytes(p), self.world, ring)
+        hop = timing.hop(p.kind, p.total_count(self.world) * p.elem, self.world, ring)
         work = ring.edge_work(timing.work)
         key = (hop.latency, hop.bandwidth, work)
         free = plan.free_times.get(key)
@@ -244,7 +252,7 @@ class NcclRelay:
         modeled = self._late(p.kind) + free
         predicted = timing.within_limit(f"{p.kind} of {p.count} x {p.elem} B", modeled)
         outs = {key: [_Out(n, src) for n, src in msgs] for key, msgs in plan.outs.items()}
-        return Instance(p, ring, now, predicted, hop, work, plan.sends, outs, dict(plan.uses))
+        return Instance(p, plan, now, predicted, hop, work, outs, dict(plan.uses))
 
     def _plan(self, p: CollParams) -> _Plan:
         """What a collective of this shape moves on every stream: built once per shape (a
@@ -279,9 +287,6 @@ class NcclRelay:
         plan = self._plans[key] = _Plan(ring, sends, outs, uses)
         return plan
 
-    def _priced_bytes(self, p: CollParams) -> int:
-        return p.nbytes * (self.world if p.kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER) else 1)
-
     def _retime(self, inst: Instance, rank: int) -> None:
         """Release times of what `rank` receives, from its entry (the model's arrivals)."""
         if rank not in self.out_ranks or not self.timing.active:
@@ -290,8 +295,7 @@ class NcclRelay:
         t0 = inst.entered[rank] + self._late(kind)
         whatif = self.timing.whatif
         jitter = whatif.has_jitter(kind)
-        ring, hop, work = inst.ring, inst.hop, inst.work
-        plan = self._plan(inst.params)
+        plan, ring, hop, work = inst.plan, inst.ring, inst.hop, inst.work
         for part in ring.parts:
             outs = inst.outs[(rank, part.channel)]
             key = (rank, part.channel, hop.latency, hop.bandwidth, work)

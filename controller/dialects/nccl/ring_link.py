@@ -59,9 +59,8 @@ class BootstrapRing:
                  write: Writer) -> None:  # fmt: skip
         self.layout, self.world, self.mirror, self.node_addr, self.write = layout, world, mirror, node_addr, write
         self.members = set(real)
-        self.rings: dict[int, RingOfRank] = {}  # a block's first and last rank -> the block
-        for first, last in blocks(real, world):
-            self.rings[first] = self.rings[last] = RingOfRank(first, last)
+        self.blocks = [RingOfRank(first, last) for first, last in blocks(real, world)]
+        self.rings = {end: b for b in self.blocks for end in (b.rank, b.last)}  # a block's two ends -> the block
         self.slices: list[dict[int, bytes]] = [{} for _ in range(ALLGATHERS)]  # allgather -> real rank -> slice
         self.p2p_addr: dict[int, SockAddr] = {}  # real rank -> its bootstrap p2p address
 
@@ -96,7 +95,7 @@ class BootstrapRing:
         else:
             check_own_all_gather_info(self.layout, own, rank)
         self.slices[index][rank] = own
-        for other in {id(g): g for g in self.rings.values()}.values():
+        for other in self.blocks:
             if other.stepper is not None and other.index == index:
                 self._out(other, other.stepper.poke())
 
