@@ -247,7 +247,8 @@ def test_the_modeled_time_holds_the_real_rank_back(tmp_path):
 
 def test_the_nccl_ladder_simulated_at_512_ranks_runs_no_process_and_is_the_model(run):
     """--simulate --backend nccl: rank 0 plays NCCL's ring punctually against the live relay
-    in virtual time; its time is the model's, and it grows with the size."""
+    in virtual time; its time is the model's, and it grows with the size. Both columns are
+    virtual seconds, computed, not measured: no load of the machine's can move them."""
     res = run("perf", "all_reduce", "--backend", "nccl", "--simulate", "--nnodes", "512", "-b", "4K", "-e", "4M",
               "-f", "32", "-n", "2", "-w", "1", "--nccl-channels", "2", timeout=120)  # fmt: skip
     assert res.rc == 0, res.err
