@@ -34,6 +34,10 @@ class ControllerConfig:
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link
     inject: list[str] = field(default_factory=list)  # what-if modifier specs
     direct_ranks: list[int] = field(default_factory=list)  # real ranks started without an agent
+    backend: str = "gloo"  # the default group's: gloo, or nccl (its communicator through `nccl_comm`)
+    nccl_release: str = ""  # backend nccl: the real ranks' NCCL release
+    nccl_channels: int = 1  # backend nccl: the pinned channels
+    nccl_profile: str = ""  # backend nccl: the FIFO the real ranks' profiler plugin writes its lines to
     extra: dict = field(default_factory=dict)
 
     @property

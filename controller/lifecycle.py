@@ -28,6 +28,11 @@ class StoreLost(NeuronaBoxError, ConnectionError):
     """The run's store, hosted by a real node's torchrun agent, went away."""
 
 
+class RanksBlocked(NeuronaBoxError, RuntimeError):
+    """An error the real ranks cannot fail from on their own (they wait for peers nobody
+    plays): the run ends as a stall does, and the launcher stops them at once."""
+
+
 class RunState(Enum):
     """The values are what the status reply and the trace's footer say."""
 
@@ -72,6 +77,8 @@ class Lifecycle:
                 return
             if isinstance(exc, StoreLost):
                 self.exit_status = STORE_LOST
+            elif isinstance(exc, RanksBlocked):
+                self.exit_status = STALLED
             if self.error:
                 return
             if not isinstance(exc, (ProtocolError, UnsupportedRecord, ConnectionError, RuntimeError)):

@@ -29,6 +29,7 @@ from .dialects.gloo.protocol import GLOO
 from .engine import Engine
 from .lifecycle import STALLED, Lifecycle, RunState, StoreLost
 from .membership import Membership
+from .nccl_comm import TorchNcclComm
 from .observer_link import ObserverLink
 from .recorder import RunRecorder
 from .release import ReleaseTiming
@@ -63,6 +64,19 @@ class Controller:
         self.watchdog = Watchdog(cfg.timeout_s)
         self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host)
         engine = driver.engine
+        # Backend nccl: the default group is an NCCL communicator, played in a thread of its
+        # own; its collectives reach the recorder in the loop, as Gloo's do.
+        self.nccl = (
+            TorchNcclComm(
+                cfg,
+                self.timing,
+                lambda rec: driver.call_soon(lambda: self.recorder.on_record(rec)),
+                fail=self.fail,
+                log=self.log,
+            )
+            if cfg.backend == "nccl"
+            else None
+        )
         self.membership = Membership(
             cfg,
             driver,
@@ -73,6 +87,7 @@ class Controller:
             on_joined=lambda: self.lifecycle.move(RunState.RUNNING),
             on_error=self._store_failed,
             after_store_open=settle_heap,
+            nccl_start=self.nccl.start if self.nccl is not None else None,
         )
         self.recorder = RunRecorder(
             cfg,
@@ -181,6 +196,8 @@ class Controller:
         self.driver.run()
         if self.driver.error is not None and not self.lifecycle.error:
             self.fail(self.driver.error)
+        if self.nccl is not None:
+            self.nccl.close()
         self.driver.close_all()
         self.observers.close()
         state = self.lifecycle.end()

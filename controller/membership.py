@@ -65,7 +65,8 @@ def store_wait(store, key: str) -> bool:
 class Membership:
     """The groups and their pairs. `on_joined`: the emulated agents joined the run (store
     thread); `on_error`: a store thread's error, which ends the run; `after_store_open`:
-    the store is open (start-up's imports are done)."""
+    the store is open (start-up's imports are done); `nccl_start`: the default group's NCCL
+    communicator, given the store once the agents joined (backend nccl: no Gloo records)."""
 
     def __init__(
         self,
@@ -78,8 +79,10 @@ class Membership:
         on_joined: Callable[[], None],
         on_error: Callable[[BaseException], None],
         after_store_open: Callable[[], None],
+        nccl_start: Callable[[object], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._nccl_start = nccl_start  # the default group is NCCL's: its communicator starts given the store
         self.driver = driver
         self.engine = engine
         self.watchdog = watchdog
@@ -245,13 +248,17 @@ class Membership:
             self.log("store open")
             self._after_store_open()
             agents = EmulatedAgents(self.cfg, store)
-            records = emulated_records(self.cfg, self.driver.address, self.default)
-            publish_records(store, records, key=lambda e: group_key("0", e))
-            self.log("emulated rank records published")
+            if self._nccl_start is None:
+                records = emulated_records(self.cfg, self.driver.address, self.default)
+                publish_records(store, records, key=lambda e: group_key("0", e))
+                self.log("emulated rank records published")
             agents.join()
             agents.assign_ranks_if_node0_emulated()
             self.log("emulated agents joined")
             self._on_joined()
+            if self._nccl_start is not None:
+                self._nccl_start(store)
+                return
             self.driver.call_soon(self._expect_members)
             self._await_records(store, self.default)
         except BaseException as exc:  # noqa: BLE001

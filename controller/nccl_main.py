@@ -35,7 +35,7 @@ from .dialects.nccl.relay import Instance, NcclRelay
 from .dialects.nccl.sockets import open_profile_fifo
 from .dialects.nccl.versions import layout_for
 from .dialects.nccl.wire import UniqueId
-from .outcomes import InstanceRecord
+from .nccl_comm import record_of
 from .release import ReleaseTiming
 
 EXIT_ERROR = 3
@@ -60,21 +60,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--silence", type=float, default=10.0,
                    help="seconds a real rank's bytes may wait for their collective's profiler line")
     return p.parse_args(argv)
-
-
-def record_of(inst: Instance, order: int, world: int) -> InstanceRecord:
-    p = inst.params
-    start = min(inst.entered.values(), default=inst.created)
-    end = max([start, *inst.left.values()])
-    per_rank = {r: (t, max(t, inst.left.get(r, t))) for r, t in inst.entered.items()}
-    numel = p.total_count(world)
-    return InstanceRecord(
-        group="0", tag=order, kind=str(p.kind), nbytes=numel * p.elem,
-        boundary_messages=inst.boundary_messages, start=start, end=end, per_rank=per_rank,
-        geometry=f"nccl {p.algo}/{p.proto} {p.channels}ch", loop_cpu=time.process_time(), predicted=inst.predicted,
-        world=world, root=p.root if p.kind == "broadcast" else None, numel=numel,
-        elem=p.elem, dtype=p.dtype,
-    )  # fmt: skip
 
 
 def read_uid(line: str) -> UniqueId:

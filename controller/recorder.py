@@ -104,6 +104,8 @@ class RunRecorder:
             "inject": self.timing.whatif.specs(),
             "data": cfg.data,
             "observer": cfg.observer,
+            "backend": cfg.backend,
+            **({"nccl": cfg.nccl_release} if cfg.backend == "nccl" else {}),
             "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
         }
 

@@ -23,20 +23,27 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--check-grads", action="store_true")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: on this rank's GPU")
     args = p.parse_args()
+    if args.check_grads and args.backend != "gloo":
+        p.error("--check-grads checks the CPU model: use --backend gloo")
 
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)  # same initial weights everywhere, as DDP expects
-    model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
-    ddp = DDP(model)
+    model = nn.Sequential(nn.Linear(64, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10)).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
     real_ranks = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", str(rank)).split(",")]
 
     for step in range(args.steps):
-        x = torch.randn(args.batch, 64, generator=gen)
-        y = torch.randint(0, 10, (args.batch,), generator=gen)
+        x = torch.randn(args.batch, 64, generator=gen).to(device)
+        y = torch.randint(0, 10, (args.batch,), generator=gen).to(device)
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = nn.functional.cross_entropy(ddp(x), y)

@@ -81,7 +81,7 @@ done
 step "5. the DDP example under neuronabox torchrun --backend nccl"
 for w in 2 8 64; do
     bounded 180 $NBX torchrun --nnodes "$w" --nproc-per-node 1 --backend nccl --trace "$WORK/ddp-w$w.jsonl" \
-        examples/train_ddp.py --steps 5
+        examples/train_ddp.py --steps 5 --backend nccl
 done
 
 step "done: packing"

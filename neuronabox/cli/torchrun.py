@@ -73,11 +73,15 @@ def build_parser() -> ArgParser:
         metavar="gloo|nccl",
         help="the collective library the script's process group uses (default gloo)",
     )
-    flag("--nccl-algo", metavar="ring|tree", help="NCCL's algorithm, pinned in the real ranks (default ring)")
-    flag("--nccl-channels", metavar="K", help="NCCL's channel count, pinned (default 1)")
     flag(
-        "--nccl-route", metavar="socket|plugin", help="NCCL's transport to the controller: its Socket net or our plugin"
+        "--device",
+        metavar="cuda|cpu",
+        help="backend nccl: the machine's GPUs (default), or the CPU rig (the wheel's libnccl on the rig's driver, "
+        "for a script that calls NCCL itself: torch's CPU build has no ProcessGroupNCCL)",
     )
+    flag("--nccl-algo", metavar="ring", help="NCCL's algorithm, pinned in the real ranks (the controller plays ring)")
+    flag("--nccl-channels", metavar="K", help="NCCL's channel count, pinned (default 1)")
+    flag("--nccl-route", metavar="socket", help="NCCL's transport to the controller: its Socket net (the one played)")
     torchrun = p.add_argument_group("torchrun flags (torchrun's own; also read from PET_* variables)")
     flag = torchrun.add_argument
     flag("--nnodes", metavar="N", help="the emulated world's nodes (default 1)")

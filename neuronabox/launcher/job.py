@@ -25,6 +25,7 @@ from neuronabox.controller.dialects.nccl.versions import layout_for
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
 from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, check_user_env, probe_nccl
+from neuronabox.launcher.nccl_rig import RigError, library, library_version
 from neuronabox.launcher.ports import free_port
 from neuronabox.launcher.torchrun_args import (
     LaunchArgs,
@@ -78,6 +79,8 @@ class Job:
     torchrun_flags: tuple[tuple[str, str | None], ...]  # torchrun's own flags, passed through to each node
     trace: str | None  # --trace, an absolute path; None: trace.jsonl in the run's folder
     output: Path | None = None  # a file for the real ranks' stdout and stderr; None: the launcher's
+    nccl_device: str = "cuda"  # backend nccl: cuda (the machine's GPUs) or cpu (the rig's driver)
+    nccl_release: str = ""  # backend nccl: the real ranks' NCCL release, as they report it
 
     @property
     def world_size(self) -> int:
@@ -141,6 +144,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     placement = _placement(args.ours.get("--placement"), set(real_nodes) | {r // nproc for r in direct_ranks})
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
+    device = _nccl_device(args, backend)
+    if nccl is not None and data == "mirror":
+        raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")
     if trace:
         check_writable("--trace", trace)
@@ -149,8 +155,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     if output is not None and str(output) != os.devnull:  # the ranks' output is only appended to: a sink will do
         check_writable("output", str(output))
     check_port_free(master_addr, master_port)
-    if nccl is not None:
-        check_nccl(nccl, dict(os.environ))
+    release = check_nccl(nccl, dict(os.environ), device) if nccl is not None else ""
     return Job(
         nnodes=nnodes,
         nproc_per_node=nproc,
@@ -169,12 +174,14 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         data=data,
         boundary=boundary,
         timeout_s=timeout_s,
-        observer="--no-observer" not in args.switches,
+        observer="--no-observer" not in args.switches and nccl is None,  # the observer reads Gloo's groups
         placement=placement,
         script=tuple(args.script),
         torchrun_flags=tuple((f, v) for f, v in args.torchrun if f not in SET_BY_LAUNCHER),
         trace=str(Path(trace).resolve()) if trace else None,
         output=Path(output) if output is not None else None,
+        nccl_device=device,
+        nccl_release=release,
     )
 
 
@@ -280,6 +287,20 @@ def _nccl_pins(args: LaunchArgs, backend: str, world: int) -> NcclPins | None:
         raise UsageError(str(exc)) from None
 
 
+def _nccl_device(args: LaunchArgs, backend: str) -> str:
+    """Where NCCL's ranks run: cuda (this machine's GPUs) or cpu (the rig: the wheel's libnccl
+    on the rig's driver, for a script that calls NCCL itself; torch's CPU build has no
+    ProcessGroupNCCL)."""
+    device = args.ours.get("--device")
+    if device is None:
+        return "cuda"
+    if backend != "nccl":
+        raise UsageError("--device picks where NCCL runs; it needs --backend nccl")
+    if device not in ("cuda", "cpu"):
+        raise UsageError(f"--device is cuda or cpu (the rig), got {device!r}")
+    return device
+
+
 # -- checks of this host, before anything starts ----------------------------------------
 def check_script(args: LaunchArgs) -> None:
     """The script exists and compiles (a module is found), so a typo fails here and
@@ -364,19 +385,25 @@ def check_port_free(addr: str, port: int) -> None:
                     raise UsageError(f"--master-port {port} is in use on {addr} (another run?)") from None
 
 
-def check_nccl(nccl: NcclPins, env: dict[str, str]) -> None:
-    """Refuse, in one line and before anything starts, an NCCL setup the dialect does
-    not speak: a choice the user forced, a torch without NCCL, an unread NCCL release."""
+def check_nccl(nccl: NcclPins, env: dict[str, str], device: str = "cuda") -> str:
+    """Refuse, in one line and before anything starts, an NCCL setup the live controller
+    does not play: a choice the user forced, a torch without NCCL (cuda), an unbuilt rig or
+    a changed library (cpu), an unread NCCL release. The release it plays, when spoken."""
+    if nccl.algo != "ring":
+        raise UsageError("--nccl-algo tree: the live controller plays NCCL's Ring; drop --nccl-algo")
+    if nccl.route != "socket":
+        raise UsageError("--nccl-route plugin: the live controller plays NCCL's Socket net; drop --nccl-route")
     try:
         check_user_env(env, nccl)
-        version = probe_nccl(sys.executable, env)
+        if device == "cpu":
+            try:
+                version = library_version(library("cpu"))
+            except RigError as exc:
+                raise NcclSetupError(str(exc)) from None
+        else:
+            version = probe_nccl(sys.executable, env)
         layout_for(version)
     except (NcclSetupError, UnsupportedNcclVersion) as exc:
         raise UsageError(str(exc)) from None
     print(nccl.summary(), flush=True)
-    # The live controller plays NCCL ranks called directly (`neuronabox perf --backend nccl`,
-    # on the rig or a GPU); under torchrun it also needs the unique id from torch's c10d store.
-    raise UsageError(
-        f"NCCL {version} is spoken, but torchrun's NCCL ranks are not played yet (the unique id through "
-        "torch's store); `neuronabox perf --backend nccl` runs NCCL ranks against the controller: nothing was started"
-    )
+    return version

@@ -11,7 +11,9 @@ environment on top of the launcher's pins.
 from __future__ import annotations
 
 import base64
+import ctypes
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,12 +88,46 @@ def check_built() -> None:
             raise RigError(f"{part} is not built; run make -C nccl_patch")
 
 
+def library(device: str = "cpu") -> Path:
+    """The libnccl the ranks load: the wheel's, checked byte for byte against its RECORD, or
+    NEURONABOX_NCCL_LIBRARY (another build, not checked). On the rig (device "cpu") the
+    rig's driver must be built too."""
+    if device == "cpu":
+        check_built()
+    override = os.environ.get("NEURONABOX_NCCL_LIBRARY")
+    if override:
+        if not Path(override).is_file():
+            raise RigError(f"NEURONABOX_NCCL_LIBRARY={override} is not a file")
+        return Path(override)
+    lib = wheel_library()
+    verify_unmodified(lib)
+    return lib.path
+
+
+def library_version(path: Path) -> str:
+    """The release a libnccl reports (ncclGetVersion needs no driver)."""
+    lib = ctypes.CDLL(str(path))
+    code = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
+        raise RigError(f"{path}: ncclGetVersion failed")
+    v = code.value
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+HOSTID_PREFIX = "nbx-rig-node-"  # NCCL_HOSTID = this + the rank: every rank a node of its own
+
+
 def rank_env(rank: int, pins: NcclPins, device: str = "cpu") -> dict[str, str]:
     """What a rank adds to its environment: a node of its own (NCCL_HOSTID), so NCCL connects
     every peer through its NET transport, and on the rig (device "cpu") the rig's driver first
     on the library path; on "cuda" the machine's own driver and GPU 0 (several ranks may
     share it: each is its own node to NCCL)."""
-    env = {**pins.env(), "NCCL_HOSTID": f"nbx-rig-node-{rank}", "CUDA_VISIBLE_DEVICES": "0"}
+    env = {**pins.env(), "NCCL_HOSTID": f"{HOSTID_PREFIX}{rank}", "CUDA_VISIBLE_DEVICES": "0"}
     if device == "cpu":
-        env.update(LD_LIBRARY_PATH=str(RIG_DIR), CUDA_MODULE_LOADING="EAGER")
+        env.update(rig_env())
     return env
+
+
+def rig_env(inherited: str | None = None) -> dict[str, str]:
+    """The rig's driver first on the library path (before `inherited`), modules loaded eagerly."""
+    return {"LD_LIBRARY_PATH": ":".join(p for p in (str(RIG_DIR), inherited) if p), "CUDA_MODULE_LOADING": "EAGER"}

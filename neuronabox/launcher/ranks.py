@@ -5,12 +5,14 @@ functions of the Job (no process is started here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 from neuronabox import store
 from neuronabox.launcher.job import Job
+from neuronabox.launcher.nccl_rig import HOSTID_PREFIX, rig_env
 from neuronabox.launcher.reaping import RUN_MARK
 from neuronabox.launcher.torchrun_args import without_pet
 
@@ -18,10 +20,13 @@ from neuronabox.launcher.torchrun_args import without_pet
 SITE_DIR = Path(__file__).resolve().parents[1] / "observer"
 
 
-def ranks_env(job: Job, observer_addr: str, observer_secret: str = "", mark: str = "") -> dict[str, str]:
+def ranks_env(
+    job: Job, observer_addr: str, observer_secret: str = "", mark: str = "", nccl_profile: str = ""
+) -> dict[str, str]:
     """The environment of every real rank's process (torchrun's, or a direct rank's base).
     `mark` is the run's: whatever these processes start inherits it, which is how the
-    launcher finds their daemons at the end (`reaping.stop_marked`)."""
+    launcher finds their daemons at the end (`reaping.stop_marked`). `nccl_profile`: the
+    FIFO the controller reads the profiler plugin's lines from (backend nccl)."""
     env = without_pet(os.environ)  # read into the Job; torchrun would take them over our flags
     if mark:
         env[RUN_MARK] = mark
@@ -40,8 +45,22 @@ def ranks_env(job: Job, observer_addr: str, observer_secret: str = "", mark: str
         env.setdefault("TORCH_FR_BUFFER_SIZE", "64")
     if 0 in job.real_nodes:  # node 0's torchrun hosts the store: on the run's address only
         env.update(store.agent_env(job.master_addr, job.master_port))
-    if job.observer or 0 in job.real_nodes:
+    if job.nccl is not None:
+        env.update(nccl_env(job, nccl_profile, env.get("LD_LIBRARY_PATH")))
+    if job.observer or 0 in job.real_nodes or job.nccl is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), env.get("PYTHONPATH")]))
+    return env
+
+
+def nccl_env(job: Job, profile: str, inherited_libs: str | None) -> dict[str, str]:
+    """Backend nccl: the pins (docs/nccl_wire.md), the profiler's start lines to `profile`, a
+    node of its own for each rank (sitecustomize sets NCCL_HOSTID from RANK: torchrun gives
+    a node's ranks one environment), and on the rig its driver first on the library path."""
+    assert job.nccl is not None
+    env = dataclasses.replace(job.nccl, trace=profile).env()
+    env.update(NEURONABOX_NCCL_TRACE_START="1", NEURONABOX_NCCL_HOSTID_PREFIX=HOSTID_PREFIX)
+    if job.nccl_device == "cpu":
+        env.update(rig_env(inherited_libs), CUDA_VISIBLE_DEVICES="0")
     return env
 
 

@@ -124,7 +124,16 @@ class Run:
             inject=list(job.inject),
             direct_ranks=list(job.direct_ranks),
             timeout_s=job.timeout_s,
+            backend=job.backend,
+            nccl_release=job.nccl_release,
+            nccl_channels=job.nccl.channels if job.nccl else 1,
+            nccl_profile=self.nccl_profile if job.nccl else "",
         )
+
+    @property
+    def nccl_profile(self) -> str:
+        """Backend nccl: the FIFO the controller makes for the real ranks' profiler lines."""
+        return str(self.dir / "nccl-profile.fifo")
 
     def start_controller(self) -> dict:
         cfg = self.controller_config()
@@ -216,7 +225,11 @@ class Run:
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
         info = self.start_controller()
-        self.start_ranks(ranks_env(self.job, info["observer"], info["observer_secret"], mark=self.mark))
+        self.start_ranks(
+            ranks_env(
+                self.job, info["observer"], info["observer_secret"], mark=self.mark, nccl_profile=self.nccl_profile
+            )
+        )
         while True:
             if self.controller.poll() is not None:
                 status = self.controller.returncode

@@ -41,6 +41,7 @@ OURS = {
     "--nccl-algo",
     "--nccl-channels",
     "--nccl-route",
+    "--device",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}

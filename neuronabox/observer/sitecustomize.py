@@ -1,8 +1,10 @@
 """Loaded by every Python process a real node starts (PYTHONPATH): the one start-up
-hook of a NeuronaBox run, as only one sitecustomize can be on the path. Two jobs, each
+hook of a NeuronaBox run, as only one sitecustomize can be on the path. Three jobs, each
 only where its variable says so: node 0's torchrun agent (no RANK yet) hosts the run's
 store on the run's address only (`neuronabox.store`); a real rank (RANK is set) starts
-the observer."""
+the observer; with NCCL, a real rank names its own NCCL node before NCCL loads (torchrun
+gives a node's ranks one environment, and the NCCL dialect plays every rank as a node of
+its own: `launcher/ranks.py`)."""
 
 import os
 
@@ -10,6 +12,9 @@ if os.environ.get("NEURONABOX_STORE_ADDR") and os.environ.get("RANK") is None:  
     from neuronabox.store import host_in_node0_agent
 
     host_in_node0_agent()  # on failure it says why and ends the agent: never the store on every interface
+
+if os.environ.get("NEURONABOX_NCCL_HOSTID_PREFIX") and os.environ.get("RANK") is not None:
+    os.environ["NCCL_HOSTID"] = os.environ["NEURONABOX_NCCL_HOSTID_PREFIX"] + os.environ["RANK"]
 
 if os.environ.get("NEURONABOX_OBSERVER") and os.environ.get("RANK") is not None:
     try:

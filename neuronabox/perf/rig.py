@@ -10,7 +10,6 @@ and, in an emulated run, the controller speaking NCCL's wire to it.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -28,7 +27,7 @@ from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.launcher.nccl_pins import NcclPins
-from neuronabox.launcher.nccl_rig import RigError, check_built, rank_env, verify_unmodified, wheel_library
+from neuronabox.launcher.nccl_rig import RigError, library, library_version, rank_env
 from neuronabox.launcher.torchrun_args import index_list
 from neuronabox.limits import read_tail
 from neuronabox.perf.ladder import PerfSpec
@@ -80,32 +79,19 @@ class RigJob:
         return len(self.real) < self.world
 
 
-def nccl_version(path: Path) -> str:
-    """The release a libnccl reports (ncclGetVersion needs no driver)."""
-    lib = ctypes.CDLL(str(path))
-    code = ctypes.c_int()
-    if lib.ncclGetVersion(ctypes.byref(code)) != 0:
-        raise RigUsageError(f"{path}: ncclGetVersion failed")
-    v = code.value
-    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
-
-
 def rig_library(device: str = "cpu") -> Path:
-    """The libnccl the ranks load: the wheel's, checked byte for byte against its RECORD, or
-    NEURONABOX_NCCL_LIBRARY (another build, not checked)."""
-    override = os.environ.get("NEURONABOX_NCCL_LIBRARY")
+    """`nccl_rig.library`, refused as a usage error (before anything starts)."""
     try:
-        if device == "cpu":
-            check_built()
-        if override:
-            if not Path(override).is_file():
-                raise RigUsageError(f"NEURONABOX_NCCL_LIBRARY={override} is not a file")
-            return Path(override)
-        lib = wheel_library()
-        verify_unmodified(lib)
+        return library(device)
     except RigError as exc:
         raise RigUsageError(str(exc)) from None
-    return lib.path
+
+
+def nccl_version(path: Path) -> str:
+    try:
+        return library_version(path)
+    except RigError as exc:
+        raise RigUsageError(str(exc)) from None
 
 
 def rig_job(ns, spec: PerfSpec, world: int) -> RigJob:

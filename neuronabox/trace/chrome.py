@@ -81,7 +81,7 @@ def chrome(doc: dict, sample_emulated: int = 0) -> dict:
                            "tid": GAP_TRACK, "ts": t})  # fmt: skip
     groups = doc["groups"]
     info = {
-        "backend": "gloo",
+        "backend": doc.get("backend", "gloo"),
         "rank": real[0] if real else 0,
         "world_size": world,
         "pg_count": len(groups),
