@@ -24,6 +24,7 @@ from neuronabox.topology import load
 from neuronabox.fidelity.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
 
 MLP = str(ROOT / "examples" / "mlp.py")
+TRAIN_DDP = str(ROOT / "examples" / "train_ddp.py")  # an unmodified script: it prints no iteration line
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or not (CGROUP_CPU / "cpu.cfs_quota_us").exists(),
     reason="the netns testbed needs root, iproute2 and the cgroup v1 cpu controller",
@@ -52,6 +53,8 @@ def test_help_and_bad_input(run):
         (("validate", "--nnodes", "2", "--", "no_such_script.py"), "no script 'no_such_script.py'"),
         (("validate", "--nnodes", "2", "--real-ranks", "0,1", "--", MLP), "every node is real"),
         (("validate", "--nnodes", "2", "--repeat", "0", "--", MLP), "--repeat must be at least 1"),
+        (("validate", "--nnodes", "2", "--iteration", "wall", "--", MLP), "--iteration is steps or line"),
+        (("validate", "--nnodes", "2", "--warmup-steps", "-1", "--", MLP), "--warmup-steps must be at least 0"),
         (("validate", "--nnodes", "2", "--testbed", "netns", "--rate", "fast", "--", MLP), "--rate takes a link rate"),
         (("validate", "--nnodes", "2", "--data", "mirror", "--", MLP), "--data is a `neuronabox torchrun` flag"),
         (("calibrate", "--rate", "1gbit", "--out", "x.yaml"), "loopback has no link to shape"),
@@ -76,15 +79,17 @@ def test_rates_parse():
 
 def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path):
     """Two ranks each on a core, the paper's setup: calibrate, then one all-real and one
-    emulated run of the MLP, a table and a CSV. The error is whatever it is; the test
-    checks the comparison is made of two real runs of the same rank."""
+    emulated run of an unmodified DDP script, timed by its optimizer steps in both, a
+    table and a CSV. The error is whatever it is; the test checks the comparison is made
+    of two real runs of the same rank."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the loopback testbed needs two cores")
     out = tmp_path / "v.csv"
     res = run("validate", "--nnodes", "2", "--repeat", "1", "--csv", str(out), "--",
-              MLP, "--steps", "4", "--warmup", "1", "--hidden", "256", timeout=300)  # fmt: skip
+              TRAIN_DDP, "--steps", "8", timeout=300)  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     assert "calibration on loopback" in res.out and "per message" in res.out
+    assert "between optimizer steps after 3" in res.out
     table = re.search(r"all-real +([0-9.]+) ms.*\n +emulated +([0-9.]+) ms.*\n +error +([-+0-9.]+)%", res.out)
     assert table, res.out
     real, emulated, error = map(float, table.groups())
@@ -97,6 +102,37 @@ def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path)
     want = (float(rows[1]["median_ms"]) / float(rows[0]["median_ms"]) - 1) * 100
     assert float(rows[-1]["error_pct"]) == pytest.approx(want, abs=0.01)
     assert error == pytest.approx(want, abs=0.06)
+
+
+NO_OPTIMIZER = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(4))
+os._exit(0)  # past torch 2.13's occasional abort in Gloo's teardown (examples/train_ddp.py)
+"""
+
+
+@pytest.mark.parametrize(
+    "flags,script,why",
+    [
+        ([], NO_OPTIMIZER, "rank 0 took no optimizer step: validate times iterations by torch.optim's steps"),
+        (["--iteration", "line"], NO_OPTIMIZER, "rank 0 printed no `neuronabox-iteration ... median_ms=` line"),
+        ([], "train", "rank 0 took 3 optimizer steps: too few to time after --warmup-steps 3"),
+    ],
+    ids=["no-optimizer", "no-line", "too-few-steps"],
+)
+def test_validate_refuses_a_run_it_cannot_time_naming_why(run, tmp_path, flags, script, why):
+    """After the first run, in one line, exit 1: nothing to time, or too little."""
+    if script == "train":
+        argv = [TRAIN_DDP, "--steps", "3"]
+    else:
+        path = tmp_path / "no_optimizer.py"
+        path.write_text(NO_OPTIMIZER)
+        argv = [str(path)]
+    res = run("validate", "--nnodes", "2", "--repeat", "1", "--topology", "cpu-25gbe", *flags,
+              "--csv", str(tmp_path / "v.csv"), "--", *argv, timeout=300)  # fmt: skip
+    assert res.rc == 1 and why in res.last_error, res.err[-2000:]
+    assert not (tmp_path / "v.csv").exists()
 
 
 def test_netns_needs_root(run, tmp_path):

@@ -66,7 +66,12 @@ def build_parser() -> ArgParser:
         help="a real rank without progress this long ends the run, naming where it is stuck "
         "(default 1800, the process group's default)",
     )
-    flag("--placement", metavar="FILE", help="where real nodes and the controller run (written by validate)")
+    flag(
+        "--placement",
+        metavar="FILE|off",
+        help="where real nodes and the controller run: a testbed's hosts (validate writes it); default: a core "
+        "of its own for each real rank and the controller when this machine has them; off: where the OS puts them",
+    )
     flag("--gloo-host", metavar="ADDR", help="the address the emulated ranks listen on (default 127.0.0.2)")
     flag(
         "--backend",

@@ -33,6 +33,10 @@ def build_parser() -> ArgParser:
     p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
     p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
+    p.add_argument("--iteration", default="steps",
+                   help="steps: time iterations between the optimizer's steps (any script; default); "
+                   "line: the script's own `neuronabox-iteration ... median_ms=` line")  # fmt: skip
+    p.add_argument("--warmup-steps", type=int, default=3, help="step intervals left out at the start (default 3)")
     p.add_argument("--csv", default="validate.csv", help="where the per-run results go (default validate.csv)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds one run may take")
     return p

@@ -4,9 +4,12 @@
 Runs the same script all-real (every rank a process) and emulated (the real ranks
 plus the controller), interleaved K times on one testbed, and reports the error of
 the emulated iteration time against the all-real one: the measuring stick of
-DESIGN.md's "Fidelity". The script prints its own median iteration time
-(`neuronabox-iteration ... rank=R ... median_ms=X`, as the bundled workloads do);
-the rank compared is the first real rank.
+DESIGN.md's "Fidelity". The iteration time is the median interval between the
+optimizer steps of the first real rank (`observer/steps.py`, loaded into both runs'
+ranks: one clock, one definition), after `--warmup-steps` intervals; any unmodified
+script that steps a torch.optim optimizer can be validated. `--iteration line` takes
+the script's own figure instead (`neuronabox-iteration ... rank=R ... median_ms=X`, as
+the bundled workloads print).
 
 On loopback every rank and the controller have a core of their own; on netns every
 node lives in its namespace behind a shaped link with the same CPU quota in both
@@ -33,14 +36,17 @@ from neuronabox.fidelity.testbed import (
     Placement,
     TestbedError,
 )
+from neuronabox.launcher.ranks import SITE_DIR
 from neuronabox.launcher.reaping import Family
 from neuronabox.launcher.torchrun_args import UsageError, index_list, int_flag, parse, without_pet
-from neuronabox.limits import read_tail
+from neuronabox.limits import read_bounded, read_tail
+from neuronabox.observer.steps import STEP_LOG, step_file
 from neuronabox.trace import records as tracefile
 
 LOG_TAIL_BYTES = 1 << 20  # the iteration line comes at a rank's end
 ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
 RUN_TIMEOUT_S = 900
+STEP_FILE_BYTES = 64 << 20  # a step log of a million steps at most
 # netns: the nodes' quotas add up to this share of the machine. The rest is for the
 # kernel's network work (veth, bridge, tbf), which no quota charges: with every core
 # promised to ranks, an all-real run's ranks got less than their share and a CNN ran
@@ -67,6 +73,8 @@ class Job:
     real_nodes: list[int]
     torchrun: list[str]  # the user's other torchrun flags, passed to both runs
     script: list[str]
+    iteration: str = "steps"  # steps: timed by the optimizer's steps; line: the script's own line
+    warmup_steps: int = 3  # step intervals left out at the start (steps)
     results: list[RunResult] = field(default_factory=list)
 
     @property
@@ -80,6 +88,10 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
     passes through (`rest`) and the script; UsageError names what is wrong."""
     if ns.repeat < 1:
         raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
+    if ns.iteration not in ("steps", "line"):
+        raise UsageError(f"--iteration is steps or line, got {ns.iteration!r}")
+    if ns.warmup_steps < 0:
+        raise UsageError(f"--warmup-steps must be at least 0, got {ns.warmup_steps}")
     if ns.cpu_share is not None and ns.cpu_share <= 0:
         raise UsageError(f"--cpu-share must be positive, got {ns.cpu_share}")
     targs = parse([*rest, "--", *script])
@@ -113,7 +125,7 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
             topology.load(ns.topology)
         except topology.TopologyError as exc:
             raise UsageError(f"--topology: {exc}") from None
-    return Job(nnodes, nproc, real_nodes, passthrough, targs.script)
+    return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps)
 
 
 # ---------------------------------------------------------------------------------
@@ -177,16 +189,29 @@ class Runner:
         self.family.stop(grace=3)
         self.family = Family()
 
-    def env(self, host: Host) -> dict[str, str]:
+    def env(self, host: Host, steps: Path | None = None) -> dict[str, str]:
         """The user's environment without the PET_* variables torchrun would read as flags
-        (PET_STANDALONE would make the all-real run ignore its master address)."""
+        (PET_STANDALONE would make the all-real run ignore its master address); with
+        `steps`, the ranks log their optimizer steps there (sitecustomize)."""
         env = dict(without_pet(os.environ), GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
+        if steps is not None:
+            steps.mkdir(parents=True, exist_ok=True)
+            env[STEP_LOG] = str(steps)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), env.get("PYTHONPATH")]))
         return env
+
+    def steps_folder(self, mode: str, rep: int) -> Path | None:
+        return self.folder / f"rep{rep}-{mode}-steps" if self.job.iteration == "steps" else None
+
+    def iteration_ms(self, logs: list[Path], steps: Path | None) -> float:
+        if steps is None:
+            return iteration_ms(logs, self.job.rank)
+        return step_iteration_ms(steps, self.job.rank, self.job.warmup_steps)
 
     def all_real(self, hosts: dict[int, Host], rep: int) -> RunResult:
         j, port, t0 = self.job, self.next_port(), time.monotonic()
-        logs = []
+        logs, steps = [], self.steps_folder("all-real", rep)
         for node, host in hosts.items():
             log = self.folder / f"rep{rep}-all-real-node{node}.log"
             cmd = [
@@ -194,10 +219,10 @@ class Runner:
                 f"--node-rank={node}", f"--master-addr={hosts[0].address}", f"--master-port={port}",
                 "--rdzv-backend=static", f"--rdzv-id=validate{rep}", *j.torchrun, *j.script,
             ]  # fmt: skip
-            self.spawn(host, cmd, log, self.env(host))
+            self.spawn(host, cmd, log, self.env(host, steps))
             logs.append(log)
         self.wait("all-real", rep)
-        return RunResult("all-real", rep, iteration_ms(logs, j.rank), time.monotonic() - t0)
+        return RunResult("all-real", rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
 
     def emulated(self, placement: Placement, topology: str, delay_model: str, rep: int) -> RunResult:
         j, port, t0 = self.job, self.next_port(), time.monotonic()
@@ -211,9 +236,10 @@ class Runner:
             "--boundary", "real", "--placement", str(pfile), "--master-addr", master, "--master-port", str(port),
             "--trace", str(trace), *j.torchrun, *j.script,
         ]  # fmt: skip
-        self.spawn(placement.controller, cmd, log, self.env(placement.controller))
+        steps = self.steps_folder("emulated", rep)
+        self.spawn(placement.controller, cmd, log, self.env(placement.controller, steps))
         self.wait("emulated", rep)
-        result = RunResult("emulated", rep, iteration_ms([log], j.rank), time.monotonic() - t0)
+        result = RunResult("emulated", rep, self.iteration_ms([log], steps), time.monotonic() - t0)
         result.cpu_per_msg_us, result.model_interval_us = controller_pace(tracefile.load(trace))
         return result
 
@@ -225,6 +251,26 @@ def iteration_ms(logs: list[Path], rank: int) -> float:
             if m and int(m.group(1)) == rank:
                 return float(m.group(2))
     raise TestbedError(f"rank {rank} printed no `neuronabox-iteration ... median_ms=` line; logs in {logs[0].parent}")
+
+
+def step_iteration_ms(folder: Path, rank: int, warmup: int) -> float:
+    """The median interval between rank `rank`'s optimizer steps, in ms, after `warmup`
+    intervals; refused, saying why, when the script stepped no optimizer or too few times."""
+    path = step_file(folder, rank)
+    text = read_bounded(path, STEP_FILE_BYTES, "step log").decode() if path.exists() else ""
+    times = [float(x) for x in text.split()]
+    if not times:
+        raise TestbedError(
+            f"rank {rank} took no optimizer step: validate times iterations by torch.optim's steps "
+            "(give --iteration line if the script prints its own `neuronabox-iteration` line)"
+        )
+    gaps = [1e3 * (b - a) for a, b in zip(times, times[1:], strict=False)][warmup:]
+    if len(gaps) < 2:
+        raise TestbedError(
+            f"rank {rank} took {len(times)} optimizer steps: too few to time after --warmup-steps {warmup} "
+            f"(at least {warmup + 3} are needed)"
+        )
+    return statistics.median(gaps)
 
 
 def controller_pace(trace: dict) -> tuple[float | None, float | None]:
@@ -270,7 +316,8 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         f"neuronabox validate: {' '.join(job.script)}",
         f"  world {job.nnodes} x {job.nproc}, real nodes {job.real_nodes}, testbed {ns.testbed}"
         + (f" at {testbed_rate(ns) / 1e6:g} Mbit/s" if ns.testbed == "netns" else "")
-        + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max])",
+        + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
+        + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
         f"  all-real   {ms(cmp.real)}",
         f"  emulated   {ms(cmp.emulated)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",

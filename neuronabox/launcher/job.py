@@ -24,6 +24,7 @@ from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
+from neuronabox.launcher.cores import CorePlan, plan_cores, this_machine
 from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, check_user_env, probe_nccl
 from neuronabox.launcher.nccl_rig import RigError, library, library_version
 from neuronabox.launcher.ports import free_port
@@ -81,6 +82,8 @@ class Job:
     output: Path | None = None  # a file for the real ranks' stdout and stderr; None: the launcher's
     nccl_device: str = "cuda"  # backend nccl: cuda (the machine's GPUs) or cpu (the rig's driver)
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release, as they report it
+    cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
+    placement_note: str = ""  # the one line the launcher prints about where the processes run
 
     @property
     def world_size(self) -> int:
@@ -141,7 +144,14 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
     inject = tuple(args.repeated.get("--inject", []))
     _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
-    placement = _placement(args.ours.get("--placement"), set(real_nodes) | {r // nproc for r in direct_ranks})
+    placement_arg = args.ours.get("--placement")
+    placement = _placement(placement_arg, set(real_nodes) | {r // nproc for r in direct_ranks})
+    cores, note = None, ""
+    if placement_arg is None:
+        ranks_on = {n: nproc for n in real_nodes}
+        for r in direct_ranks:
+            ranks_on[r // nproc] = ranks_on.get(r // nproc, 0) + 1
+        cores, note = plan_cores(ranks_on, this_machine())
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
     device = _nccl_device(args, backend)
@@ -182,6 +192,8 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         output=Path(output) if output is not None else None,
         nccl_device=device,
         nccl_release=release,
+        cores=cores,
+        placement_note=note,
     )
 
 
@@ -251,8 +263,9 @@ def _check_inject(specs: tuple[str, ...], world: int, real_ranks: list[int], tim
 
 def _placement(path: str | None, nodes: set[int]) -> Placement | None:
     """Where the real nodes and the controller live on a testbed (`neuronabox validate`
-    writes it); without one, everything runs here on loopback."""
-    if path is None:
+    writes it); without one, everything runs here on loopback (on cores of its own when
+    there are enough: `cores.plan_cores`; `off`: where the OS puts it)."""
+    if path is None or path == "off":
         return None
     try:
         placement = Placement.loads(read_bounded(path, 1 << 20, "placement file").decode())

@@ -22,6 +22,7 @@ from neuronabox.controller.config import ControllerConfig
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.fidelity.testbed import Host
 from neuronabox.launcher import registry
+from neuronabox.launcher.cores import pin
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
@@ -145,7 +146,7 @@ class Run:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent(then=pin(self.job.cores.controller if self.job.cores else None)),
             )
         )
         ready = Path(cfg.ready_file)
@@ -196,6 +197,8 @@ class Run:
         if self.job.placement is not None:
             env = dict(env, GLOO_SOCKET_IFNAME=host.ifname)
             enter = host.preexec()
+        elif self.job.cores is not None:
+            enter = pin(self.job.cores.nodes.get(node))
         output = self.job.output
         out = open(output, "a") if output is not None else None  # noqa: SIM115 - the child holds it
         sink = stderr_sink(output)
@@ -224,6 +227,8 @@ class Run:
         env = dict(os.environ)
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
+        if self.job.placement_note:
+            print(self.job.placement_note, flush=True)
         info = self.start_controller()
         self.start_ranks(
             ranks_env(

@@ -22,6 +22,7 @@ import threading
 import time
 
 from . import calls
+from .steps import on_step
 
 _lock = threading.Lock()
 _sock: socket.socket | None = None
@@ -122,7 +123,7 @@ def _serve(host: str, port: int) -> None:
         s.sendall(hello + b"".join(_early))
         _early.clear()
         _sock = s
-    threading.Thread(target=_hook_steps, name="neuronabox-steps", daemon=True).start()
+    on_step(_stepped)
     threading.Thread(target=_report_dtypes, name="neuronabox-dtypes", daemon=True).start()
     buf = b""
     waiting: list[tuple[dict, float]] = []  # input questions whose call has not entered yet
@@ -177,20 +178,6 @@ def _report_dtypes() -> None:
 def _stepped(*_) -> None:
     _send({"step": 1, "t": time.time()})
     _dtypes_due.set()
-
-
-def _hook_steps() -> None:
-    """Register the step hook once the script has imported torch.optim itself
-    (importing it from this thread could deadlock with the main thread's import)."""
-    import sys
-
-    while True:
-        mod = sys.modules.get("torch.optim.optimizer")
-        hook = getattr(mod, "register_optimizer_step_post_hook", None)
-        if hook is not None and getattr(sys.modules.get("torch.optim"), "SGD", None) is not None:
-            hook(_stepped)
-            return
-        time.sleep(0.05)
 
 
 def start() -> None:

@@ -1,10 +1,11 @@
 """Loaded by every Python process a real node starts (PYTHONPATH): the one start-up
-hook of a NeuronaBox run, as only one sitecustomize can be on the path. Three jobs, each
+hook of a NeuronaBox run, as only one sitecustomize can be on the path. Four jobs, each
 only where its variable says so: node 0's torchrun agent (no RANK yet) hosts the run's
 store on the run's address only (`neuronabox.store`); a real rank (RANK is set) starts
 the observer; with NCCL, a real rank names its own NCCL node before NCCL loads (torchrun
 gives a node's ranks one environment, and the NCCL dialect plays every rank as a node of
-its own: `launcher/ranks.py`)."""
+its own: `launcher/ranks.py`); under validate, a rank logs its optimizer steps
+(`observer/steps.py`), all-real and emulated alike."""
 
 import os
 
@@ -15,6 +16,11 @@ if os.environ.get("NEURONABOX_STORE_ADDR") and os.environ.get("RANK") is None:  
 
 if os.environ.get("NEURONABOX_NCCL_HOSTID_PREFIX") and os.environ.get("RANK") is not None:
     os.environ["NCCL_HOSTID"] = os.environ["NEURONABOX_NCCL_HOSTID_PREFIX"] + os.environ["RANK"]
+
+if os.environ.get("NEURONABOX_STEP_LOG") and os.environ.get("RANK") is not None:  # steps.STEP_LOG
+    from neuronabox.observer.steps import log_steps
+
+    log_steps(os.environ["NEURONABOX_STEP_LOG"], os.environ["RANK"])
 
 if os.environ.get("NEURONABOX_OBSERVER") and os.environ.get("RANK") is not None:
     try:

@@ -1,0 +1,88 @@
+"""A plain `neuronabox torchrun` places each real rank and the controller on a core of its
+own when the machine has them, says where, and says when it cannot; `--placement off`
+leaves them where the OS puts them. Checked on the processes themselves: the real rank
+prints its own CPU affinity, and the controller's is read from /proc while it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuronabox.launcher.cores import CorePlan, plan_cores
+
+ROOT = Path(__file__).resolve().parents[1]
+
+AFFINITY = """
+import os, pathlib, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+mine = sorted(os.sched_getaffinity(0))
+ctl = []
+for proc in pathlib.Path("/proc").iterdir():
+    try:
+        if proc.name.isdigit() and b"neuronabox.controller.main" in (proc / "cmdline").read_bytes():
+            ctl.append(sorted(os.sched_getaffinity(int(proc.name))))
+    except OSError:
+        pass
+dist.all_reduce(torch.ones(4))
+print(f"rank {dist.get_rank()} affinity {mine} controllers {ctl}", flush=True)
+os._exit(0)
+"""
+
+
+def launch(tmp_path: Path, cores: list[int], *flags: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "affinity.py"
+    script.write_text(AFFINITY)
+    cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", *flags, str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         preexec_fn=lambda: os.sched_setaffinity(0, cores))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def reported(out: subprocess.CompletedProcess) -> tuple[list[int], list[list[int]]]:
+    m = re.search(r"rank 0 affinity \[([0-9, ]*)\] controllers \[(.*)\]", out.stdout)
+    assert m, out.stdout
+    mine = [int(c) for c in m.group(1).split(",")]
+    ctls = [[int(c) for c in g.split(",")] for g in re.findall(r"\[([0-9, ]+)\]", m.group(2))]
+    return mine, ctls
+
+
+def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    out = launch(tmp_path, cores)
+    assert f"placed: real node 0 on core {cores[0]}, the controller on core {cores[1]}" in out.stdout
+    mine, ctls = reported(out)
+    assert mine == [cores[0]] and ctls == [[cores[1]]], out.stdout
+
+
+def test_too_few_cores_are_said_and_nothing_is_pinned(tmp_path):
+    one = sorted(os.sched_getaffinity(0))[:1]
+    out = launch(tmp_path, one)
+    assert "not placed: 1 real rank and the controller need 2 cores, this machine gives 1" in out.stdout
+    assert "the timings include their sharing" in out.stdout
+    mine, ctls = reported(out)
+    assert mine == one and ctls == [one]
+
+
+def test_placement_off_pins_nothing(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    out = launch(tmp_path, cores, "--placement", "off")
+    assert "placed" not in out.stdout
+    mine, ctls = reported(out)
+    assert mine == cores and ctls == [cores]
+
+
+def test_the_plan_gives_each_real_rank_a_core_in_order_and_the_controller_the_next():
+    plan, note = plan_cores({0: 2, 5: 1}, [3, 1, 2, 7, 9])
+    assert plan == CorePlan({0: (1, 2), 5: (3,)}, (7,))
+    assert note == ("placed: real node 0 on cores 1,2, real node 5 on core 3, the controller on core 7 "
+                    "(--placement off to not pin)")  # fmt: skip
+    assert plan_cores({0: 2}, [0, 1]) == (None, "not placed: 2 real ranks and the controller need 3 cores, "
+                                          "this machine gives 2: the timings include their sharing")  # fmt: skip
