@@ -1,0 +1,66 @@
+"""A plain run against all-real, as a user would run them: no flags beyond the world.
+
+    python scripts/bench_plain_run.py [--repeat K] [--steps N] [--workload mlp|cnn|gpt]
+
+All-real: the stock `torchrun --nproc-per-node 2` of the workload (two real ranks here).
+Emulated: `neuronabox torchrun --nnodes 2` of the same script (rank 0 real, rank 1 the
+controller's), with the launcher's default placement (a core per real rank and one for
+the controller, when the machine has them). K interleaved pairs, the order flipped every
+pair; each run's figure is rank 0's median iteration time, as the workload prints it.
+Prints one markdown row: each side's median [min-max], the error of the medians and the
+range of the per-pair errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"neuronabox-iteration .*\brank=0\b.*\bmedian_ms=([0-9.]+)")
+
+
+def run(cmd: list[str]) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    m = LINE.search(proc.stdout)
+    if proc.returncode != 0 or not m:
+        sys.exit(f"{' '.join(cmd[:6])} ... failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    placed = [ln for ln in proc.stdout.splitlines() if "placed" in ln]
+    if placed:
+        print(f"  {placed[0]}", file=sys.stderr)
+    return float(m.group(1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--workload", default="mlp", choices=("mlp", "cnn", "gpt"))
+    args = p.parse_args()
+    script = [f"examples/{args.workload}.py", "--steps", str(args.steps)]
+    all_real = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *script]
+    emulated = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", *script]
+    real, emu = [], []
+    for rep in range(args.repeat):
+        for mode in ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real"):
+            t = run(all_real if mode == "all-real" else emulated)
+            (real if mode == "all-real" else emu).append(t)
+            print(f"rep {rep} {mode:<9} {t:8.2f} ms", file=sys.stderr, flush=True)
+    errs = [e / r - 1 for r, e in zip(real, emu, strict=True)]
+    err = statistics.median(emu) / statistics.median(real) - 1
+
+    def ms(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+
+    print("| workload | W | all-real ms | plain emulated ms | error (per pair) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| {args.workload} | 2 | {ms(real)} | {ms(emu)} | {err * 100:+.1f}% "
+          f"({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
