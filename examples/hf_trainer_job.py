@@ -7,6 +7,7 @@ unchanged (the Trainer reads torchrun's environment: its world is the emulated o
 
 import argparse
 import os
+import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing to fetch: the model comes from a config
@@ -52,6 +53,12 @@ def main() -> None:
         result = Trainer(model=model, args=training, train_dataset=data).train()
     if rank == int(os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")[0]):  # the first real rank says it
         print(f"hf-trainer rank {rank}: {result.global_step} steps, loss {result.training_loss:.4f}", flush=True)
+    # Stock torch 2.13 aborts now and then while tearing Gloo down at interpreter exit
+    # ("terminate called without an active exception"; examples/train_ddp.py), failing a
+    # finished job: leave without that teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

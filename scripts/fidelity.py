@@ -26,7 +26,10 @@ WORKLOADS = {
     "cnn": ["examples/cnn.py"],
     "gpt": ["examples/gpt.py"],
     "gpt-fsdp": ["examples/gpt.py", "--fsdp"],
+    "lightning": ["examples/lightning_job.py"],
+    "hf-trainer": ["examples/hf_trainer_job.py"],
 }
+FRAMEWORKS = {"lightning", "hf-trainer"}  # unmodified framework jobs: --steps only, no warm-up of their own
 # (testbed, rate, nnodes); loopback pins a core per rank, so W=2 is all two cores allow.
 CASES = [
     ("loopback", None, 2),
@@ -88,9 +91,13 @@ def main() -> int:
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
             csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}.csv"
-            runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
+            if name in FRAMEWORKS:
+                runs = ["--steps", str(ns.steps + ns.warmup)]
+            else:
+                runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
+            # every workload timed alike: between rank 0's optimizer steps, after the warm-up's
             nbx("validate", "--nnodes", str(nnodes), *shaping, "--topology", str(topo), "--repeat", str(ns.repeat),
-                "--csv", str(csv_path), "--", *WORKLOADS[name], *runs)  # fmt: skip
+                "--warmup-steps", str(ns.warmup), "--csv", str(csv_path), "--", *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name), flush=True)
     return 0
 
