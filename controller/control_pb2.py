@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcontrol.proto\x12\x12neuronabox.control\"\x0f\n\rStatusRequest\"{\n\x0cKindCounters\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x19\n\x11\x62oundary_messages\x18\x05 \x01(\x04\x12\x13\n\x0bpredicted_s\x18\x06 \x01(\x01\"\x90\x02\n\x0bStatusReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nreal_ranks\x18\x03 \x03(\r\x12/\n\x05kinds\x18\x04 \x03(\x0b\x32 .neuronabox.control.KindCounters\x12\x19\n\x11\x62oundary_messages\x18\x05 \x01(\x04\x12\x13\n\x0b\x63onnections\x18\x06 \x01(\r\x12\x0f\n\x07pending\x18\x07 \x03(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08uptime_s\x18\t \x01(\x01\x12\r\n\x05\x63pu_s\x18\n \x01(\x01\x12\r\n\x05steps\x18\x0b \x01(\r\x12\x13\n\x0biteration_s\x18\x0c \x01(\x01J\x04\x08\r\x10\x0e\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"-\n\rInjectRequest\x12\r\n\x05specs\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\",\n\x0bInjectReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x03(\t2\xf7\x01\n\x07\x43ontrol\x12L\n\x06Status\x12!.neuronabox.control.StatusRequest\x1a\x1f.neuronabox.control.StatusReply\x12P\n\x08Shutdown\x12#.neuronabox.control.ShutdownRequest\x1a\x1f.neuronabox.control.StatusReply\x12L\n\x06Inject\x12!.neuronabox.control.InjectRequest\x1a\x1f.neuronabox.control.InjectReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcontrol.proto\x12\x12neuronabox.control\"\x0f\n\rStatusRequest\"\x9a\x01\n\x0cKindCounters\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x19\n\x11\x62oundary_messages\x18\x05 \x01(\x04\x12\x13\n\x0bpredicted_s\x18\x06 \x01(\x01\x12\r\n\x05lag_s\x18\x07 \x01(\x01\x12\x0e\n\x06lagged\x18\x08 \x01(\x04\"\x90\x02\n\x0bStatusReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nreal_ranks\x18\x03 \x03(\r\x12/\n\x05kinds\x18\x04 \x03(\x0b\x32 .neuronabox.control.KindCounters\x12\x19\n\x11\x62oundary_messages\x18\x05 \x01(\x04\x12\x13\n\x0b\x63onnections\x18\x06 \x01(\r\x12\x0f\n\x07pending\x18\x07 \x03(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08uptime_s\x18\t \x01(\x01\x12\r\n\x05\x63pu_s\x18\n \x01(\x01\x12\r\n\x05steps\x18\x0b \x01(\r\x12\x13\n\x0biteration_s\x18\x0c \x01(\x01J\x04\x08\r\x10\x0e\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"-\n\rInjectRequest\x12\r\n\x05specs\x18\x01 \x03(\t\x12\r\n\x05\x63lear\x18\x02 \x01(\x08\",\n\x0bInjectReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x02 \x03(\t2\xf7\x01\n\x07\x43ontrol\x12L\n\x06Status\x12!.neuronabox.control.StatusRequest\x1a\x1f.neuronabox.control.StatusReply\x12P\n\x08Shutdown\x12#.neuronabox.control.ShutdownRequest\x1a\x1f.neuronabox.control.StatusReply\x12L\n\x06Inject\x12!.neuronabox.control.InjectRequest\x1a\x1f.neuronabox.control.InjectReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STATUSREQUEST']._serialized_start=37
   _globals['_STATUSREQUEST']._serialized_end=52
-  _globals['_KINDCOUNTERS']._serialized_start=54
-  _globals['_KINDCOUNTERS']._serialized_end=177
-  _globals['_STATUSREPLY']._serialized_start=180
-  _globals['_STATUSREPLY']._serialized_end=452
-  _globals['_SHUTDOWNREQUEST']._serialized_start=454
-  _globals['_SHUTDOWNREQUEST']._serialized_end=487
-  _globals['_INJECTREQUEST']._serialized_start=489
-  _globals['_INJECTREQUEST']._serialized_end=534
-  _globals['_INJECTREPLY']._serialized_start=536
-  _globals['_INJECTREPLY']._serialized_end=580
-  _globals['_CONTROL']._serialized_start=583
-  _globals['_CONTROL']._serialized_end=830
+  _globals['_KINDCOUNTERS']._serialized_start=55
+  _globals['_KINDCOUNTERS']._serialized_end=209
+  _globals['_STATUSREPLY']._serialized_start=212
+  _globals['_STATUSREPLY']._serialized_end=484
+  _globals['_SHUTDOWNREQUEST']._serialized_start=486
+  _globals['_SHUTDOWNREQUEST']._serialized_end=519
+  _globals['_INJECTREQUEST']._serialized_start=521
+  _globals['_INJECTREQUEST']._serialized_end=566
+  _globals['_INJECTREPLY']._serialized_start=568
+  _globals['_INJECTREPLY']._serialized_end=612
+  _globals['_CONTROL']._serialized_start=615
+  _globals['_CONTROL']._serialized_end=862
 # @@protoc_insertion_point(module_scope)

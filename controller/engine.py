@@ -70,6 +70,7 @@ class Instance:
         self.buffered: list[tuple[Conn, Event]] = []  # frames before the shape is known
         self.timeline = None
         self.predicted = 0.0
+        self.lag: float | None = None  # how late its latest timed release left (the record's `lag`)
         self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
@@ -274,6 +275,9 @@ class Instance:
         if timing is not None:
             for late in book.take_lateness():
                 timing.record_lateness(late)
+            # no emulated send to a real rank: nothing the controller released could hold one up
+            lag = book.lag()
+            self.lag = (0.0 if timing.active else None) if lag is None else max(0.0, lag)
         self._move(Phase.COMPLETE)
         self.engine.completed(self)
 
@@ -282,6 +286,7 @@ class Instance:
         rec.world, rec.ranks = self.group.world, list(self.group.ranks)
         rec.root = getattr(self.schedule, "root", None)
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
+        rec.lag = self.lag
         return rec
 
     def summary(self) -> str:

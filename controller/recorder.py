@@ -63,7 +63,7 @@ class RunRecorder:
 
     def on_record(self, rec: InstanceRecord) -> None:
         """A finished instance: into the totals and the trace on disk, and then forgotten."""
-        self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
+        self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted, rec.lag)
         group = self.group_of(rec.group)
         if group is not None:
             done = f"{rec.kind} #{rec.tag} of group {rec.group!r}"

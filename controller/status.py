@@ -75,6 +75,8 @@ class StatusService:
                     seconds=k.seconds,
                     boundary_messages=k.boundary_messages,
                     predicted_s=k.predicted,
+                    lag_s=k.lag,
+                    lagged=k.lagged,
                 )
                 for n, k in sorted(kinds)
             ],

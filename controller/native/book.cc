@@ -246,6 +246,8 @@ void Book::flush(size_t pair, double now, Actions& out) {
         return;
       }
       if (s.timed) lateness_.push_back(now - s.release);
+      if (!lagged_ || now - s.release > lag_) lag_ = now - s.release;
+      lagged_ = true;
     }
     send(s, now, out);
     p.outq.pop_front();

@@ -123,6 +123,11 @@ class Book {
   // Real rank -> (first frame, last message crossed).
   const std::unordered_map<int64_t, std::pair<double, double>>& rank_times() const { return rank_times_; }
   std::vector<double> take_lateness() { return std::move(lateness_); }
+  // The emulator's lag: how far past its modeled release the latest priced send left,
+  // timed or not (a send whose release passed before its inputs were handled is late by
+  // the handling); negative: none was late. Meaningless until `lagged()`.
+  double lag() const { return lag_; }
+  bool lagged() const { return lagged_; }
   // The instance is over: let go of the hooks (they hold its Python side).
   void drop_hooks() {
     source_.reset();
@@ -172,6 +177,8 @@ class Book {
   std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
   std::unordered_map<int64_t, std::pair<double, double>> rank_times_;
   std::vector<double> lateness_;
+  double lag_ = 0;
+  bool lagged_ = false;
   int64_t boundary_ = 0, remaining_ = 0;
   double done_at_ = 0.0;
 };

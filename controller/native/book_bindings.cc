@@ -833,6 +833,13 @@ PyObject* book_rank_times(PyObject* obj, PyObject*) {
   return d;
 }
 
+PyObject* book_lag(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (!book_ready(self)) return nullptr;
+  if (!self->book->lagged()) Py_RETURN_NONE;
+  return PyFloat_FromDouble(self->book->lag());
+}
+
 PyObject* book_take_lateness(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   if (!book_ready(self)) return nullptr;
@@ -879,6 +886,7 @@ PyMethodDef book_methods[] = {
     {"close", book_close, METH_NOARGS, "close(): stop taking frames; drop the owner."},
     {"rank_times", book_rank_times, METH_NOARGS, "rank_times() -> {real rank: (first frame, last crossed)}."},
     {"take_lateness", book_take_lateness, METH_NOARGS, "take_lateness() -> [seconds]: how late each timed release left."},
+    {"lag", book_lag, METH_NOARGS, "lag() -> seconds or None: how late the latest priced send left its release."},
     {nullptr, nullptr, 0, nullptr},
 };
 

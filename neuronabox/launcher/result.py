@@ -16,6 +16,13 @@ class KindStats:
     mean_s: float  # mean time on the real ranks
     model_mean_s: float  # mean time the delay model gave
     boundary_messages: int
+    lag_mean_s: float | None = None  # the emulator's mean lag (None: no timed release to measure it by)
+
+    @property
+    def own_mean_s(self) -> float | None:
+        """What is left of the real rank's time once the model and the emulator's lag are
+        taken out: the real rank's own work (its library's calls, its reductions)."""
+        return None if self.lag_mean_s is None else self.mean_s - self.model_mean_s - self.lag_mean_s
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ def result_of(reply, header: dict, footer: dict, trace_path: str) -> RunResult:
             k.seconds / k.count if k.count else 0.0,
             k.predicted_s / k.count if k.count else 0.0,
             k.boundary_messages,
+            k.lag_s / k.lagged if k.lagged else None,
         )
         for k in reply.kinds
     }

@@ -132,6 +132,7 @@ def instance_line(rec: Record, us) -> dict:
         "boundary_messages": rec.boundary_messages,
         "geometry": rec.geometry,
         "loop_cpu_s": rec.loop_cpu,
+        **({"lag_us": rec.lag * 1e6} if getattr(rec, "lag", None) is not None else {}),
     }
 
 
@@ -365,6 +366,8 @@ class KindTotals:
     seconds: float = 0.0  # summed mean time on the real ranks
     boundary_messages: int = 0
     predicted: float = 0.0  # summed model time
+    lag: float = 0.0  # summed emulator lag (the latest timed release's lateness), over `lagged` instances
+    lagged: int = 0
 
 
 @dataclass
@@ -376,13 +379,18 @@ class RunTotals:
     _intervals: dict[int, deque[float]] = field(default_factory=dict)
     _steps: dict[int, int] = field(default_factory=dict)
 
-    def add(self, kind: str, nbytes: int, per_rank: dict, boundary: int, predicted: float) -> None:
+    def add(
+        self, kind: str, nbytes: int, per_rank: dict, boundary: int, predicted: float, lag: float | None = None
+    ) -> None:
         k = self.kinds[kind]
         k.count += 1
         k.nbytes += nbytes
         k.seconds += sum(b - a for a, b in per_rank.values()) / max(1, len(per_rank))
         k.boundary_messages += boundary
         k.predicted += predicted
+        if lag is not None:
+            k.lag += lag
+            k.lagged += 1
 
     def step(self, rank: int, t: float) -> None:
         self._steps[rank] = self._steps.get(rank, 0) + 1

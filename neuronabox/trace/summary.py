@@ -29,15 +29,23 @@ def format_summary(reply, header: dict, footer: dict) -> str:
     else:
         lines.append(
             "  collectives     kind         count        bytes   time on real rank (mean)   model (mean)"
-            "   algbw    busbw (GB/s, nccl-tests' definitions)"
+            "   = model + emulator lag + real rank's own    algbw    busbw (GB/s, nccl-tests' definitions)"
         )
     for k in reply.kinds:
         mean = k.seconds / k.count if k.count else 0.0
         model = k.predicted_s / k.count if k.count else 0.0
         alg, bus = bandwidths(k.kind, k.bytes / k.count if k.count else 0, mean, reply.world_size)
+        # The miss split: the controller's lateness (the latest timed release of each
+        # instance, an upper bound on what it added) and the rest, the real rank's own work.
+        lagged = getattr(k, "lagged", 0)
+        if lagged:
+            lag = k.lag_s / lagged
+            split = f"{lag * 1e3:9.3f} ms {(mean - model - lag) * 1e3:10.3f} ms"
+        else:
+            split = f"{'-':>12} {'-':>13}"
         lines.append(
             f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
-            f"               {model * 1e3:9.3f} ms  {alg:7.3f}  {bus:7.3f}"
+            f"               {model * 1e3:9.3f} ms   {split}        {alg:7.3f}  {bus:7.3f}"
         )
     rel = footer.get("release", {})
     if rel.get("timed_releases"):
