@@ -34,6 +34,7 @@ class ControllerConfig:
     boundary: str = "modeled"  # modeled: loopback, the controller adds the hop; real: the link is a cluster link
     inject: list[str] = field(default_factory=list)  # what-if modifier specs
     direct_ranks: list[int] = field(default_factory=list)  # real ranks started without an agent
+    skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file of delays (ms)
     backend: str = "gloo"  # the default group's: gloo, or nccl (its communicator through `nccl_comm`)
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release
     nccl_channels: int = 1  # backend nccl: the pinned channels

@@ -150,7 +150,8 @@ class Instance:
         g, eng = self.group, self.engine
         timing = eng.timing
         if timing is not None:
-            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, self.account.start)
+            start = self.account.start
+            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, start, g.name, self.tag)
             self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
             timing.within_limit(
                 self.name(), self.predicted + max(timing.whatif.stragglers(self.kind).values(), default=0)

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+from neuronabox.delay_models.skew import Skew
 from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
@@ -60,6 +61,7 @@ class Controller:
             WhatIf.from_specs(cfg.inject),
             modeled_boundary=cfg.boundary == "modeled",
             limit_s=cfg.timeout_s,
+            skew=Skew.parse(cfg.skew),
         )
         self.watchdog = Watchdog(cfg.timeout_s)
         self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host)

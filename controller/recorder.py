@@ -105,6 +105,7 @@ class RunRecorder:
             "data": cfg.data,
             "observer": cfg.observer,
             "backend": cfg.backend,
+            "skew": cfg.skew,
             **({"nccl": cfg.nccl_release} if cfg.backend == "nccl" else {}),
             "started_us": round(self.clock_anchor["epoch"] * 1e6, 3),
         }

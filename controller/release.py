@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 
+from neuronabox.delay_models.skew import Skew
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
-from neuronabox.schedules.timing import Entry, Timeline, timeline_for
+from neuronabox.schedules.timing import Timeline, timeline_for
 
 LATENESS_SAMPLES = 200_000
 
@@ -30,9 +31,15 @@ class BeyondTimeout(NeuronaBoxError, RuntimeError):
 
 class ReleaseTiming:
     def __init__(
-        self, model, whatif: WhatIf | None = None, modeled_boundary: bool = True, limit_s: float = math.inf
+        self,
+        model,
+        whatif: WhatIf | None = None,
+        modeled_boundary: bool = True,
+        limit_s: float = math.inf,
+        skew: Skew | None = None,
     ) -> None:
         self.model = model
+        self.skew = skew or Skew()  # the emulated ranks' drawn entry delays (--skew; none: no draws)
         self.limit_s = limit_s  # a live run's timeout: no modeled time may reach it
         self.whatif = whatif or WhatIf()
         self.modeled = modeled_boundary
@@ -57,11 +64,16 @@ class ReleaseTiming:
             link = self._hops[key] = self.model.hop(kind, nbytes, world, schedule)
         return self.whatif.hop(kind, link)
 
-    def timeline(self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float) -> Timeline | None:
+    def timeline(
+        self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float, group: str = "0", tag: int = 0
+    ) -> Timeline | None:
+        """The instance's timeline; `group` and `tag` name it (its recurring collective and
+        the seed of its skew draws)."""
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        entry = Entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind))
+        entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
+                                (group, str(kind), nbytes), f"{group}/{tag}")  # fmt: skip
         return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(self.work))
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int) -> float:

@@ -46,7 +46,9 @@ def random_case(rng: random.Random, kind: str):
     emulated = [e for e in range(w) if e not in real]
     skew = {q: rng.uniform(0, 3e-3) for q in rng.sample(emulated, min(len(emulated), rng.randint(0, 2)))}
     hop = LinkClass("hop", rng.uniform(1e8, 1e10), rng.uniform(1e-6, 1e-3))
-    entry = Entry(rng.uniform(0, 1), skew)
+    # --skew: in some cases every emulated rank draws an entry delay (stragglers too)
+    draws = tuple(rng.uniform(0, 2e-3) for _ in range(rng.randint(1, 9))) if rng.random() < 0.5 else ()
+    entry = Entry(rng.uniform(0, 1), skew, draws, rng.choice([0.0, rng.uniform(0, 1e-3)]), rng.getrandbits(64))
     # Real ranks' boundary sends: in step order, at random rising times (they may be
     # early or late against the model: the two evaluators must agree on any input).
     sends = []
@@ -321,3 +323,54 @@ def test_the_native_tree_and_barrier_timelines_refuse_bad_input():
     with pytest.raises(TypeError):
         tl.arrival(1)
     assert tl.arrival(1, 0) == pytest.approx(1e-5)  # round 0 of a punctual emulated rank: one hop
+
+
+def test_a_constant_draw_is_a_later_entry_at_any_world_size():
+    """Every emulated rank drawing the same delay d enters as if the instance began d
+    later: with no real send yet, every release moves by exactly d. At 16384 ranks, the
+    real rank's neighbour's every message (its every step) is asked, as the engine asks."""
+    w, d = 16384, 3e-3
+    sched = RingAllreduce(RingGeometry.for_tensor(w, 4 << 20, 4))
+    hop = LinkClass("hop", 1e10, 5e-6)
+    real = RealRanks([0], w)
+    drawn = timeline_for(sched, hop, Entry(1.0, {}, (d,), 0.0, 7), real, True, 1e-6)
+    later = timeline_for(sched, hop, Entry(1.0 + d), real, True, 1e-6)
+    steps = [m.step for m in sched.sends(1) if m.peer == 0]
+    assert len(steps) >= 2 * (w - 1)
+    assert [drawn.release(1, s) for s in steps] == pytest.approx([later.release(1, s) + 0.0 for s in steps], abs=1e-12)
+    assert later.release(1, steps[0]) > 1.0 + d
+
+
+def test_skew_none_is_todays_entry_and_draws_are_seeded(tmp_path):
+    from neuronabox.delay_models.skew import Skew, SkewError
+
+    assert Skew.parse(None).entry(1.0, {3: 1e-3}, ("0", "allreduce", 64), "0/5") == Entry(1.0, {3: 1e-3})
+    f = tmp_path / "delays.txt"
+    f.write_text("# ms\n1, 2\n4\n")
+    skew = Skew.parse(str(f), seed=9)
+    e1 = skew.entry(0.0, {}, ("0", "allreduce", 64), "0/5")
+    assert e1.draws == pytest.approx((1e-3, 2e-3, 4e-3)) and e1 == skew.entry(0.0, {}, ("0", "allreduce", 64), "0/5")
+    e2 = skew.entry(0.0, {}, ("0", "allreduce", 64), "0/6")
+    assert [e1.of(r) for r in range(1, 40)] != [e2.of(r) for r in range(1, 40)]  # another instance, other draws
+    assert {round(e1.of(r), 6) for r in range(1, 200)} == {1e-3, 2e-3, 4e-3}
+    for text, why in [("", "no delays"), ("1 x", "'x' is not a delay"), ("-1", "delays are 0 to")]:
+        f.write_text(text)
+        with pytest.raises(SkewError, match=why):
+            Skew.parse(str(f))
+    with pytest.raises(SkewError, match="no such file"):
+        Skew.parse(str(tmp_path / "missing"))
+
+
+def test_auto_skew_draws_the_real_ranks_own_excess_and_shifts_by_its_lateness_now():
+    from neuronabox.delay_models.skew import Skew
+
+    skew, key = Skew.parse("auto"), ("0", "allreduce", 4096)
+    t = 0.0
+    for i, gap in enumerate([10e-3, 10e-3, 14e-3, 11e-3, 10e-3]):  # the real rank's iterations
+        t += gap
+        entry = skew.entry(t, {}, key, f"0/{i}")
+    # samples 10, 14, 11, 10 ms after the first entry; each later one's excess over the least so far is a draw
+    assert entry.draws == pytest.approx((4e-3, 1e-3, 0.0), abs=1e-12) and entry.shift == pytest.approx(0.0, abs=1e-12)
+    entry = skew.entry(t + 13e-3, {}, key, "0/9")  # the real rank is 3 ms late itself this time
+    assert entry.shift == pytest.approx(3e-3)
+    assert all(0 <= entry.of(r) - entry.t0 <= 1e-3 + 1e-12 for r in range(1, 100))  # 4 - 3 ms at most

@@ -162,3 +162,21 @@ def test_a_modeled_delay_past_the_timeout_ends_the_run_at_once():
     assert res.rc == 1, res.err[-2000:]
     assert "the delay model gives allreduce #0 of group '0'" in res.last_error
     assert "not less than --timeout (5 s)" in res.last_error and "made no progress" not in res.err
+
+
+def test_drawn_skew_holds_every_ring_collective_back_by_its_delay(tmp_path):
+    """`--skew FILE` of one delay (6 ms): every emulated rank enters every allreduce that
+    late, so none completes on the real rank sooner; the trace says which skew ran. A file
+    that is not one is refused in one line before anything starts."""
+    delays = tmp_path / "delays.txt"
+    delays.write_text("6\n")
+    trace = tmp_path / "trace.jsonl"
+    stats = timed("--nnodes", "8", "--skew", str(delays), kinds="allreduce", reps=6, trace=trace)
+    assert stats["allreduce"]["min_s"] >= 6e-3, stats
+    doc = load_trace(trace)
+    assert doc["skew"] == str(delays.resolve())
+    spans = [b - a for i in doc["instances"] if i["kind"] == "allreduce" for a, b in i["per_rank"].values()]
+    assert spans and min(spans) >= 6e3, spans  # microseconds
+    delays.write_text("six\n")
+    res = nbx("torchrun", "--nnodes", "8", "--skew", str(delays), LOOP)
+    assert res.rc == 2 and "'six' is not a delay in ms" in res.last_error, res.err

@@ -21,6 +21,11 @@ def build_parser() -> ArgParser:
     p.add_argument("--topology", help="a preset or YAML file (default: the recorded run's)")
     p.add_argument("--delay-model", help="the delay model (default: the recorded run's)")
     p.add_argument("--inject", action="append", default=None, help="a what-if, as for torchrun (repeatable)")
+    p.add_argument(
+        "--skew",
+        help="emulated ranks enter late by seeded draws: auto, from the recorded real rank's own variation; "
+        "FILE, its delays in ms; none (default)",
+    )
     p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
     p.add_argument(
         "--punctual",
@@ -38,7 +43,7 @@ def main(argv: list[str]) -> int:
     try:
         doc = load_trace(ns.trace)
         _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
-                                    ns.inject, ns.out, ns.punctual)  # fmt: skip
+                                    ns.inject, ns.out, ns.punctual, ns.skew)  # fmt: skip
     except SimulateError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2

@@ -67,6 +67,12 @@ def build_parser() -> ArgParser:
         "(default 1800, the process group's default)",
     )
     flag(
+        "--skew",
+        metavar="none|auto|FILE",
+        help="emulated ranks enter each ring and one-message collective late by a seeded draw: auto, from the real "
+        "rank's own variation measured during the run; FILE, from its delays in ms; none (default): on time",
+    )
+    flag(
         "--placement",
         metavar="FILE|off",
         help="where real nodes and the controller run: a testbed's hosts (validate writes it); default: a core "

@@ -22,6 +22,7 @@ from neuronabox import delay_models, topology
 from neuronabox.controller.config import real_ranks_of
 from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
+from neuronabox.delay_models.skew import Skew, SkewError
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
 from neuronabox.launcher.cores import CorePlan, plan_cores, this_machine
@@ -84,6 +85,7 @@ class Job:
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release, as they report it
     cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
     placement_note: str = ""  # the one line the launcher prints about where the processes run
+    skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
 
     @property
     def world_size(self) -> int:
@@ -142,6 +144,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     boundary = args.ours.get("--boundary", "modeled")
     if boundary not in ("modeled", "real"):
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
+    skew = _skew(args.ours.get("--skew"))
     inject = tuple(args.repeated.get("--inject", []))
     _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
     placement_arg = args.ours.get("--placement")
@@ -194,6 +197,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         nccl_release=release,
         cores=cores,
         placement_note=note,
+        skew=skew,
     )
 
 
@@ -298,6 +302,17 @@ def _nccl_pins(args: LaunchArgs, backend: str, world: int) -> NcclPins | None:
         )
     except NcclSetupError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _skew(spec: str | None) -> str:
+    """--skew: none, auto, or a file of delays (checked now, passed on by its absolute path)."""
+    if spec is None or spec in ("none", "auto"):
+        return spec or "none"
+    try:
+        Skew.parse(spec)
+    except SkewError as exc:
+        raise UsageError(str(exc)) from None
+    return str(Path(spec).resolve())
 
 
 def _nccl_device(args: LaunchArgs, backend: str) -> str:

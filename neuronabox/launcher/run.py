@@ -125,6 +125,7 @@ class Run:
             inject=list(job.inject),
             direct_ranks=list(job.direct_ranks),
             timeout_s=job.timeout_s,
+            skew=job.skew,
             backend=job.backend,
             nccl_release=job.nccl_release,
             nccl_channels=job.nccl.channels if job.nccl else 1,

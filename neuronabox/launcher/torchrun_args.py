@@ -42,6 +42,7 @@ OURS = {
     "--nccl-channels",
     "--nccl-route",
     "--device",
+    "--skew",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}

@@ -34,15 +34,44 @@ from .gloo import BinomialBroadcast, DisseminationBarrier, Link, RealRanks, Ring
 NEVER = -math.inf
 
 
+MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def drawn_skew(draws: tuple[float, ...], shift: float, seed: int, rank: int) -> float:
+    """The entry delay emulated `rank` draws (--skew): one of `draws`, picked by a hash of
+    the seed and the rank (native/ring_timeline.cc computes the same), less `shift`, at
+    least 0. O(1), with nothing stored per rank: a world of any size draws lazily."""
+    if not draws:
+        return 0.0
+    h = _splitmix64((seed & MASK64) ^ _splitmix64(rank & MASK64))
+    return max(0.0, draws[h % len(draws)] - shift)
+
+
 @dataclass(frozen=True)
 class Entry:
-    """When the emulated ranks enter the instance: `t0`, plus `skew[rank]` for stragglers."""
+    """When the emulated ranks enter the instance: `t0`, plus `skew[rank]` for stragglers,
+    plus, under --skew, a delay each emulated rank draws from `draws` (less `shift`, the
+    real rank's own lateness this time; `seed`: the instance's). Drawn skew applies to rings
+    and one-message collectives; broadcasts and barriers keep the undrawn entry."""
 
     t0: float
     skew: Mapping[int, float] = field(default_factory=dict)
+    draws: tuple[float, ...] = ()
+    shift: float = 0.0
+    seed: int = 0
 
     def of(self, rank: int) -> float:
-        return self.t0 + self.skew.get(rank, 0.0)
+        return self.t0 + self.skew.get(rank, 0.0) + drawn_skew(self.draws, self.shift, self.seed, rank)
+
+    def undrawn(self) -> Entry:
+        return Entry(self.t0, self.skew) if self.draws else self
 
 
 class Timeline:
@@ -102,8 +131,9 @@ def ring_timeline(
     stragglers = {q: d for q, d in entry.skew.items() if q not in real}
     down = isinstance(schedule, RingAllreduce)  # allreduce data goes to e-1, allgather to e+1
     return _timing.RingTimeline(
-        schedule.world, real.sorted, down, entry.t0, schedule.pace(hop), work, modeled, stragglers
-    )
+        schedule.world, real.sorted, down, entry.t0, schedule.pace(hop), work, modeled, stragglers,
+        entry.draws, entry.shift, entry.seed & MASK64,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------
@@ -155,9 +185,9 @@ def timeline_for(
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         return ring_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, BinomialBroadcast):
-        return tree_timeline(schedule, hop, entry, real, modeled, work)
+        return tree_timeline(schedule, hop, entry.undrawn(), real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
-        return barrier_timeline(schedule, hop, entry, real, modeled, work)
+        return barrier_timeline(schedule, hop, entry.undrawn(), real, modeled, work)
     raise TypeError(f"no timeline for {type(schedule).__name__}")
 
 
@@ -200,6 +230,8 @@ def reference_arrivals(
                 if m.peer in real:
                     out[(e, m.step)] = ready[e][m.step] + c
         return out
+    if isinstance(schedule, (BinomialBroadcast, DisseminationBarrier)):
+        entry = entry.undrawn()  # drawn skew is the rings' and the one-message collectives'
     if isinstance(schedule, BinomialBroadcast):
         ser = schedule.nbytes / hop.bandwidth
         ready: dict[int, float] = {}

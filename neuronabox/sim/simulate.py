@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronabox import delay_models, topology
+from neuronabox.delay_models.skew import Skew, SkewError
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import check_world
@@ -305,8 +306,22 @@ def software_costs(prog: Program, recorded_timing) -> Costs:
     return {key: max(0.0, statistics.median(xs)) for key, xs in excess.items()}
 
 
+def skew_of(spec: str | None, prog: Program) -> Skew:
+    """--skew for a replay: none, a file's delays, or auto: the recorded real rank's own
+    variation (its entries into each recurring collective, as a live run pools them)."""
+    if spec != "auto":
+        try:
+            return Skew.parse(spec)
+        except SkewError as exc:
+            raise SimulateError(str(exc)) from None
+    entries: dict[tuple, list[float]] = {}
+    for op in prog.ops:
+        entries.setdefault((op.group, str(op.kind), op.nbytes), []).append(op.start)
+    return Skew.recorded(entries)
+
+
 def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, model_name: str | None,
-               inject: list[str] | None):  # fmt: skip
+               inject: list[str] | None, skew: Skew | None = None):  # fmt: skip
     """The release timing for `nnodes` x `nproc` ranks, with the trace's topology, model
     and injections where none is given; and the topology, model name and what-ifs."""
     from neuronabox.controller.release import ReleaseTiming
@@ -318,7 +333,7 @@ def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, mo
         whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
     except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
         raise SimulateError(str(exc)) from None
-    return ReleaseTiming(model, whatif), topo, model_name, whatif
+    return ReleaseTiming(model, whatif, skew=skew), topo, model_name, whatif
 
 
 def run_simulation(
@@ -331,6 +346,7 @@ def run_simulation(
     inject: list[str] | None = None,
     out: str | None = None,
     punctual: bool = False,
+    skew: str | None = None,
 ) -> tuple[Simulated, tracefile.RunTotals, str]:
     """Simulate a loaded trace (`source`: its path, for the new trace's header); unset
     options come from the trace. `punctual`: charge the real rank no software cost.
@@ -345,8 +361,9 @@ def run_simulation(
     if out and Path(out).exists() and Path(out).resolve() == Path(source).resolve():
         raise SimulateError(f"--trace {out} is the recording being replayed; choose another file")
     world = nnodes * nproc
-    timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject)
     prog = program_of(doc)
+    timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject,
+                                                  skew_of(skew, prog))  # fmt: skip
     try:
         whatif.check(world, [prog.rank])  # as the launcher checks --inject
     except WhatIfError as exc:

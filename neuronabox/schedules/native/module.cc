@@ -25,14 +25,32 @@ struct RingObject {
 PyTypeObject RingType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 int ring_init(PyObject* obj, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"world", "real", "data_goes_down", "t0", "pace", "work", "modeled", "stragglers", nullptr};
+  static const char* kw[] = {"world", "real", "data_goes_down", "t0", "pace", "work", "modeled", "stragglers",
+                             "skew_draws", "skew_shift", "skew_seed", nullptr};
   auto* self = reinterpret_cast<RingObject*>(obj);
   RingParams p;
-  PyObject *real, *stragglers;
+  PyObject *real, *stragglers, *draws = nullptr;
   int down = 1, modeled = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOpdddpO!", const_cast<char**>(kw), &p.world, &real, &down, &p.t0,
-                                   &p.pace, &p.work, &modeled, &PyDict_Type, &stragglers)) {
+  unsigned long long seed = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOpdddpO!|OdK", const_cast<char**>(kw), &p.world, &real, &down, &p.t0,
+                                   &p.pace, &p.work, &modeled, &PyDict_Type, &stragglers, &draws, &p.skew_shift,
+                                   &seed)) {
     return -1;
+  }
+  p.skew_seed = seed;
+  if (draws != nullptr && draws != Py_None) {
+    PyObject* ds = PySequence_Fast(draws, "skew_draws: a sequence of seconds");
+    if (ds == nullptr) return -1;
+    const Py_ssize_t nd = PySequence_Fast_GET_SIZE(ds);
+    for (Py_ssize_t i = 0; i < nd; ++i) {
+      const double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(ds, i));
+      if (d == -1.0 && PyErr_Occurred()) {
+        Py_DECREF(ds);
+        return -1;
+      }
+      p.skew_draws.push_back(d);
+    }
+    Py_DECREF(ds);
   }
   p.data_goes_down = down != 0;
   p.modeled = modeled != 0;

@@ -12,7 +12,33 @@ constexpr double kNever = -std::numeric_limits<double>::infinity();
 int mod(int64_t a, int w) { return static_cast<int>(((a % w) + w) % w); }
 }  // namespace
 
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double drawn_skew(const std::vector<double>& draws, double shift, uint64_t seed, int rank) {
+  if (draws.empty()) return 0;
+  const uint64_t h = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(rank)));
+  return std::max(0.0, draws[h % draws.size()] - shift);
+}
+
 RingTimeline::RingTimeline(RingParams p) : p_(std::move(p)) {}
+
+double RingTimeline::drawn_max(int emu, int x, int j, int kmax, double edge) {
+  const int down = p_.data_goes_down ? -1 : 1;
+  DrawnMax& m = drawn_[emu];
+  if (m.k > kmax) m = DrawnMax{};  // asked out of step order: start over (never in the live engine)
+  while (m.k < kmax) {
+    ++m.k;
+    const int q = mod(static_cast<int64_t>(x) + static_cast<int64_t>(j - m.k) * down, p_.world);
+    const double term = drawn_skew(p_.skew_draws, p_.skew_shift, p_.skew_seed, q) + m.k * edge;
+    m.max = m.k == 0 ? term : std::max(m.max, term);
+  }
+  return m.max;
+}
 
 void RingTimeline::real_sent(int rank, int step, double t) {
   SendLog& log = sent_[rank];
@@ -58,8 +84,12 @@ double RingTimeline::ready(int emu, int step) {
   const int down = p_.data_goes_down ? -1 : 1;
   for (const auto& [q, delay] : p_.stragglers) {
     const int i = mod(static_cast<int64_t>(q - x) * down, p_.world);
-    if (1 <= i && i <= j && j - i <= half) t = std::max(t, p_.t0 + delay + (j - i) * edge);
+    if (1 <= i && i <= j && j - i <= half) {
+      const double drawn = drawn_skew(p_.skew_draws, p_.skew_shift, p_.skew_seed, q);  // a straggler varies too
+      t = std::max(t, p_.t0 + delay + drawn + (j - i) * edge);
+    }
   }
+  if (!p_.skew_draws.empty()) t = std::max(t, p_.t0 + drawn_max(emu, x, j, std::min(j - 1, half), edge));
   const int s = step - 2 * j;
   if (s >= 0) t = std::max(t, latest(x, s, emu) + (j - 1) * edge + p_.work);
   return t;
