@@ -76,6 +76,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default="fidelity-runs")
+    p.add_argument("--skew", default="none", help="the emulated runs' --skew (none, auto or a file)")
     ns = p.parse_args()
     out = Path(ns.out).resolve()
     out.mkdir(exist_ok=True)
@@ -90,14 +91,15 @@ def main() -> int:
         if not topo.exists():
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
-            csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}.csv"
+            csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-skew-{Path(ns.skew).name}.csv"
             if name in FRAMEWORKS:
                 runs = ["--steps", str(ns.steps + ns.warmup)]
             else:
                 runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
             # every workload timed alike: between rank 0's optimizer steps, after the warm-up's
             nbx("validate", "--nnodes", str(nnodes), *shaping, "--topology", str(topo), "--repeat", str(ns.repeat),
-                "--warmup-steps", str(ns.warmup), "--csv", str(csv_path), "--", *WORKLOADS[name], *runs)  # fmt: skip
+                "--warmup-steps", str(ns.warmup), "--skew", ns.skew, "--csv", str(csv_path), "--",
+                *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name), flush=True)
     return 0
 

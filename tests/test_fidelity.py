@@ -55,6 +55,7 @@ def test_help_and_bad_input(run):
         (("validate", "--nnodes", "2", "--repeat", "0", "--", MLP), "--repeat must be at least 1"),
         (("validate", "--nnodes", "2", "--iteration", "wall", "--", MLP), "--iteration is steps or line"),
         (("validate", "--nnodes", "2", "--warmup-steps", "-1", "--", MLP), "--warmup-steps must be at least 0"),
+        (("validate", "--nnodes", "2", "--skew", "nofile.txt", "--", MLP), "--skew nofile.txt: no such file"),
         (("validate", "--nnodes", "2", "--testbed", "netns", "--rate", "fast", "--", MLP), "--rate takes a link rate"),
         (("validate", "--nnodes", "2", "--data", "mirror", "--", MLP), "--data is a `neuronabox torchrun` flag"),
         (("calibrate", "--rate", "1gbit", "--out", "x.yaml"), "loopback has no link to shape"),

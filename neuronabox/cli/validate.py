@@ -32,6 +32,7 @@ def build_parser() -> ArgParser:
     p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
     p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
     p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
+    p.add_argument("--skew", default="none", help="the emulated run's --skew: none (default), auto or FILE")
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> int:
                 if mode == "all-real":
                     res = runner.all_real(testbed.all_real(), rep)
                 else:
-                    res = runner.emulated(placement, topology, ns.delay_model, rep)
+                    res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
                 job.results.append(res)
                 print(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)", flush=True)
         cmp = Comparison(

@@ -92,6 +92,14 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
         raise UsageError(f"--iteration is steps or line, got {ns.iteration!r}")
     if ns.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be at least 0, got {ns.warmup_steps}")
+    if ns.skew not in ("none", "auto"):
+        from neuronabox.delay_models.skew import Skew, SkewError
+
+        try:
+            Skew.parse(ns.skew)
+        except SkewError as exc:
+            raise UsageError(str(exc)) from None
+        ns.skew = str(Path(ns.skew).resolve())
     if ns.cpu_share is not None and ns.cpu_share <= 0:
         raise UsageError(f"--cpu-share must be positive, got {ns.cpu_share}")
     targs = parse([*rest, "--", *script])
@@ -224,7 +232,9 @@ class Runner:
         self.wait("all-real", rep)
         return RunResult("all-real", rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
 
-    def emulated(self, placement: Placement, topology: str, delay_model: str, rep: int) -> RunResult:
+    def emulated(
+        self, placement: Placement, topology: str, delay_model: str, rep: int, skew: str = "none"
+    ) -> RunResult:
         j, port, t0 = self.job, self.next_port(), time.monotonic()
         pfile, trace = self.folder / "placement.json", self.folder / f"rep{rep}-trace.json"
         pfile.write_text(placement.dumps())
@@ -234,7 +244,7 @@ class Runner:
             sys.executable, "-m", "neuronabox.cli", "torchrun", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
             "--real-nodes", ",".join(map(str, j.real_nodes)), "--topology", topology, "--delay-model", delay_model,
             "--boundary", "real", "--placement", str(pfile), "--master-addr", master, "--master-port", str(port),
-            "--trace", str(trace), *j.torchrun, *j.script,
+            "--trace", str(trace), "--skew", skew, *j.torchrun, *j.script,
         ]  # fmt: skip
         steps = self.steps_folder("emulated", rep)
         self.spawn(placement.controller, cmd, log, self.env(placement.controller, steps))
