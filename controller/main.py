@@ -110,7 +110,7 @@ class Controller:
             log=self.log,
             on_group=self.membership.on_group,
             on_anysource=self.membership.on_anysource,
-            on_step=self.recorder.on_step,
+            on_step=self._stepped,
             on_dtypes=self.recorder.on_dtypes,
             on_loaded=lambda rank: self.watchdog.expect(rank, time.monotonic()),
         )
@@ -148,6 +148,12 @@ class Controller:
             request_input=(lambda *question: self.observers.request_input(*question)) if observed else None,
             native_timers=True,
         )
+
+    def _stepped(self, rank: int, t: float) -> None:
+        """A real rank's optimizer stepped (its observer's report, in the loop)."""
+        self.recorder.on_step(rank, t)
+        if rank == self.cfg.real_ranks[0]:
+            self.timing.skew.on_step()  # --skew auto: the first real rank's iteration begins
 
     def log(self, what: str) -> None:
         print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)

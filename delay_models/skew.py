@@ -11,11 +11,14 @@ delay drawn, per rank and per instance, from a distribution (`schedules.timing.E
 - `FILE`: the distribution is the file's delays, in milliseconds (whitespace or commas
   between them, `#` comments), e.g. the variation of a real run's ranks;
 - `auto`: the real rank's own variation, measured during the run (in `simulate`, in the
-  recorded run: `recorded_draws`). For each recurring
-  collective (group, kind, bytes) the time between the real rank's entries in successive
-  iterations is one sample of its iteration; a sample's excess over the least of its
-  collective's recent samples is one draw. An instance's draws are shifted down by the
-  real rank's own excess this time: the emulated ranks are late relative to it.
+  recorded run: `Skew.recorded`). A collective of an iteration is named by its group,
+  kind and bytes and by how many of that name came before it since the real rank's last
+  optimizer step (DDP's buckets of one size, a scalar allreduce per logged metric). The
+  time between the real rank's entries into the same collective in successive iterations
+  is one sample of its iteration; a sample's excess over the least of that collective's
+  recent samples is one draw. An instance's draws are shifted down by the real rank's own
+  excess this time: the emulated ranks are late relative to it. Without optimizer steps
+  (no observer) no collective recurs, and auto draws nothing.
 
 The draws are seeded (`seed`, and the instance's key), so a run is repeatable.
 """
@@ -77,7 +80,8 @@ class Skew:
         self.mode = mode
         self.draws = draws
         self.seed = seed
-        self._last: dict[tuple, float] = {}  # auto: (group, kind, bytes) -> the real rank's last entry
+        self._last: dict[tuple, float] = {}  # auto: a collective of the iteration -> the real rank's last entry
+        self._seen: dict[tuple, int] = {}  # auto: (group, kind, bytes) -> how many since the last step
         self._samples: dict[tuple, deque[float]] = {}
         self._pool: deque[float] = deque(maxlen=POOL)
 
@@ -97,20 +101,29 @@ class Skew:
         shift = 0.0
         draws = self.draws
         if self.mode == "auto":
-            shift = self._observe(key, t0)
+            k = self._seen.get(key, 0)
+            self._seen[key] = k + 1
+            shift = self._observe((*key, k), t0)
             draws = tuple(self._pool)
         if not draws:
             return Entry(t0, stragglers)
         return Entry(t0, stragglers, draws, shift, self.seed ^ zlib.crc32(instance.encode()))
 
+    def on_step(self) -> None:
+        """The real rank's optimizer stepped: an iteration begins (auto)."""
+        self._seen.clear()
+
     @classmethod
-    def recorded(cls, entries: dict[tuple, list[float]], seed: int = 0) -> Skew:
+    def recorded(cls, entries: list[tuple[tuple, float]], steps: list[float], seed: int = 0) -> Skew:
         """`auto` for a replay: the draws a live run would have pooled from the real rank's
-        recorded entries (recurring collective -> entry times, in order), fixed."""
+        recorded entries ((group, kind, bytes), entry time) and its optimizer steps, fixed."""
         skew = cls("auto", seed=seed)
-        for key, times in entries.items():
-            for t in times:
-                skew._observe(key, t)
+        events = sorted([(t, 1, ()) for t in steps] + [(t, 0, key) for key, t in entries], key=lambda e: e[:2])
+        for t, is_step, key in events:
+            if is_step:
+                skew.on_step()
+            else:
+                skew.entry(t, {}, key, "")
         return cls("recorded", tuple(skew._pool), seed)
 
     def _observe(self, key: tuple, t: float) -> float:

@@ -368,9 +368,17 @@ def test_auto_skew_draws_the_real_ranks_own_excess_and_shifts_by_its_lateness_no
     t = 0.0
     for i, gap in enumerate([10e-3, 10e-3, 14e-3, 11e-3, 10e-3]):  # the real rank's iterations
         t += gap
+        skew.on_step()
         entry = skew.entry(t, {}, key, f"0/{i}")
-    # samples 10, 14, 11, 10 ms after the first entry; each later one's excess over the least so far is a draw
-    assert entry.draws == pytest.approx((4e-3, 1e-3, 0.0), abs=1e-12) and entry.shift == pytest.approx(0.0, abs=1e-12)
+        skew.entry(t + 5e-3, {}, key, f"0/{i}b")  # a second bucket of the same size, 5 ms later: its own collective
+    # each bucket's samples 10, 14, 11, 10 ms after its first entry; each later one's excess over the least so far
+    # is a draw (the two buckets' alike): never the 5 ms between the buckets of one iteration
+    assert entry.draws == pytest.approx((4e-3, 4e-3, 1e-3, 1e-3, 0.0), abs=1e-12)  # (the last b comes after)
+    assert entry.shift == pytest.approx(0.0, abs=1e-12)
+    skew.on_step()
     entry = skew.entry(t + 13e-3, {}, key, "0/9")  # the real rank is 3 ms late itself this time
     assert entry.shift == pytest.approx(3e-3)
     assert all(0 <= entry.of(r) - entry.t0 <= 1e-3 + 1e-12 for r in range(1, 100))  # 4 - 3 ms at most
+    quiet = Skew.parse("auto")  # no optimizer step reported: nothing recurs, nothing is drawn
+    for i in range(5):
+        assert quiet.entry(i * 10e-3, {}, key, f"0/{i}").draws == ()

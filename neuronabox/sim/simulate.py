@@ -314,10 +314,8 @@ def skew_of(spec: str | None, prog: Program) -> Skew:
             return Skew.parse(spec)
         except SkewError as exc:
             raise SimulateError(str(exc)) from None
-    entries: dict[tuple, list[float]] = {}
-    for op in prog.ops:
-        entries.setdefault((op.group, str(op.kind), op.nbytes), []).append(op.start)
-    return Skew.recorded(entries)
+    entries = [((op.group, str(op.kind), op.nbytes), op.start) for op in prog.ops]
+    return Skew.recorded(entries, prog.steps)
 
 
 def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, model_name: str | None,
