@@ -100,6 +100,7 @@ def test_the_launcher_refuses_an_nccl_setup_in_one_line_before_starting_anything
         (["--backend", "nccl", "--nccl-algo", "tree"], {}, "--nccl-algo tree: the live controller plays NCCL's Ring"),
         (["--backend", "nccl", "--nccl-route", "plugin"], {}, "--nccl-route plugin: the live controller plays NCCL's"),
         (["--backend", "nccl", "--data", "mirror"], {}, "--data mirror is Gloo's"),
+        (["--backend", "nccl", "--skew", "auto"], {}, "--skew is drawn by the Gloo dialect's timelines"),
     ],
 )
 def test_bad_nccl_flags_are_one_line_usage_errors(flags, env, cause):

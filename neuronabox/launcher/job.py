@@ -158,6 +158,8 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
     device = _nccl_device(args, backend)
+    if nccl is not None and skew != "none":
+        raise UsageError("--skew is drawn by the Gloo dialect's timelines; the NCCL relay does not draw yet: drop it")
     if nccl is not None and data == "mirror":
         raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")
