@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 
-from neuronabox.delay_models.skew import Skew
 from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
@@ -34,6 +33,7 @@ from .nccl_comm import TorchNcclComm
 from .observer_link import ObserverLink
 from .recorder import RunRecorder
 from .release import ReleaseTiming
+from .skew import Skew
 from .status import StatusService
 from .watchdog import RankStalled, Watchdog
 

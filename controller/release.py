@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 
-from neuronabox.delay_models.skew import Skew
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
 
@@ -20,6 +19,8 @@ from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Timeline, timeline_for
+
+from .skew import Skew
 
 LATENESS_SAMPLES = 200_000
 

@@ -15,12 +15,13 @@ import pytest
 from neuronabox.trace import records
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 6
+STEPS = 4
 JOBS = {"lightning": ("lightning_job.py", "lightning"), "hf-trainer": ("hf_trainer_job.py", "transformers")}
 
 
-@pytest.mark.parametrize("real", ["0", "3,9"])
-@pytest.mark.parametrize("job", sorted(JOBS))
+# (the HF Trainer at {3, 9} too costs the suite 14 s it does not have: two real ranks of it
+# on two cores; Lightning covers two real ranks apart)
+@pytest.mark.parametrize("job,real", [("lightning", "0"), ("lightning", "3,9"), ("hf-trainer", "0")])
 def test_a_framework_trains_under_the_emulator(tmp_path, job, real):
     script, package = JOBS[job]
     pytest.importorskip(package, reason=f"the frameworks extra ({package}) is not installed")

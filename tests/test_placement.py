@@ -62,15 +62,6 @@ def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own
     assert mine == [cores[0]] and ctls == [[cores[1]]], out.stdout
 
 
-def test_too_few_cores_are_said_and_nothing_is_pinned(tmp_path):
-    one = sorted(os.sched_getaffinity(0))[:1]
-    out = launch(tmp_path, one)
-    assert "not placed: 1 real rank and the controller need 2 cores, this machine gives 1" in out.stdout
-    assert "the timings include their sharing" in out.stdout
-    mine, ctls = reported(out)
-    assert mine == one and ctls == [one]
-
-
 def test_placement_off_pins_nothing(tmp_path):
     cores = sorted(os.sched_getaffinity(0))[:2]
     out = launch(tmp_path, cores, "--placement", "off")

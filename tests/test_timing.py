@@ -342,7 +342,7 @@ def test_a_constant_draw_is_a_later_entry_at_any_world_size():
 
 
 def test_skew_none_is_todays_entry_and_draws_are_seeded(tmp_path):
-    from neuronabox.delay_models.skew import Skew, SkewError
+    from neuronabox.controller.skew import Skew, SkewError
 
     assert Skew.parse(None).entry(1.0, {3: 1e-3}, ("0", "allreduce", 64), "0/5") == Entry(1.0, {3: 1e-3})
     f = tmp_path / "delays.txt"
@@ -362,7 +362,7 @@ def test_skew_none_is_todays_entry_and_draws_are_seeded(tmp_path):
 
 
 def test_auto_skew_draws_the_real_ranks_own_excess_and_shifts_by_its_lateness_now():
-    from neuronabox.delay_models.skew import Skew
+    from neuronabox.controller.skew import Skew
 
     skew, key = Skew.parse("auto"), ("0", "allreduce", 4096)
     t = 0.0

@@ -93,7 +93,7 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
     if ns.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be at least 0, got {ns.warmup_steps}")
     if ns.skew not in ("none", "auto"):
-        from neuronabox.delay_models.skew import Skew, SkewError
+        from neuronabox.controller.skew import Skew, SkewError
 
         try:
             Skew.parse(ns.skew)

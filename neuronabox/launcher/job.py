@@ -22,7 +22,7 @@ from neuronabox import delay_models, topology
 from neuronabox.controller.config import real_ranks_of
 from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
-from neuronabox.delay_models.skew import Skew, SkewError
+from neuronabox.controller.skew import Skew, SkewError
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
 from neuronabox.launcher.cores import CorePlan, plan_cores, this_machine

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronabox import delay_models, topology
-from neuronabox.delay_models.skew import Skew, SkewError
+from neuronabox.controller.skew import Skew, SkewError
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import check_world

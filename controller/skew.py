@@ -30,6 +30,7 @@ from collections import deque
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.limits import read_bounded
 from neuronabox.schedules.timing import Entry
 
 MAX_FILE_BYTES = 1 << 20
@@ -45,13 +46,14 @@ class SkewError(NeuronaBoxError, ValueError):
 
 def read_delays(path: str) -> tuple[float, ...]:
     """A file's delays in seconds (written in ms)."""
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).is_file():
         raise SkewError(f"--skew {path}: no such file (give none, auto or a file of delays in ms)")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise SkewError(f"--skew {path}: over {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        text = read_bounded(path, MAX_FILE_BYTES, "--skew file").decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        raise SkewError(f"--skew {path}: {exc}") from None
     words = []
-    for line in p.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         words += line.split("#", 1)[0].replace(",", " ").split()
     try:
         values = [float(w) / 1e3 for w in words]
