@@ -113,7 +113,10 @@ void Book::wake(uint64_t key, double now, Actions& out) {
   std::vector<PendingSend*> fed = std::move(it->second);
   waiting_.erase(it);
   for (PendingSend* s : fed) {
-    if (--s->missing == 0) flush(s->pair, now, out);
+    if (--s->missing == 0) {
+      s->inputs_at = now;
+      flush(s->pair, now, out);
+    }
   }
 }
 
@@ -222,6 +225,10 @@ void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out)
     }
   }
   p.recv_deps.pop_front();
+  // Made on the real rank's receive notice: the notice is its first input (Gloo sends
+  // only into a posted receive), so a send whose release passed before the notice came
+  // waited for the real rank, not for the emulator.
+  s->inputs_at = now;
   const bool ready = s->missing == 0;
   p.outq.push_back(std::move(s));
   if (ready) flush(pair, now, out);
@@ -246,7 +253,8 @@ void Book::flush(size_t pair, double now, Actions& out) {
         return;
       }
       if (s.timed) lateness_.push_back(now - s.release);
-      if (!lagged_ || now - s.release > lag_) lag_ = now - s.release;
+      const double held = now - std::max(s.release, s.inputs_at);
+      if (!lagged_ || held > lag_) lag_ = held;
       lagged_ = true;
     }
     send(s, now, out);

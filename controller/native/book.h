@@ -123,9 +123,10 @@ class Book {
   // Real rank -> (first frame, last message crossed).
   const std::unordered_map<int64_t, std::pair<double, double>>& rank_times() const { return rank_times_; }
   std::vector<double> take_lateness() { return std::move(lateness_); }
-  // The emulator's lag: how far past its modeled release the latest priced send left,
-  // timed or not (a send whose release passed before its inputs were handled is late by
-  // the handling); negative: none was late. Meaningless until `lagged()`.
+  // The emulator's lag: how far past both its modeled release and its last input (the
+  // real rank's receive notice, the real sends it carries) the latest priced send left: a
+  // send whose inputs came after its release waited for the real rank, not for the
+  // emulator. Negative: none was late. Meaningless until `lagged()`.
   double lag() const { return lag_; }
   bool lagged() const { return lagged_; }
   // The instance is over: let go of the hooks (they hold its Python side).
@@ -145,6 +146,7 @@ class Book {
     int missing = 0;
     bool timed = false, priced = false;
     double release = 0.0;
+    double inputs_at = 0.0;  // when its last input came: the receive notice that made it, or a real send
   };
   struct PairBook {
     PairBook(int64_t r, int64_t e) : real(r), emu(e) {}
