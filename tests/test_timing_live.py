@@ -119,19 +119,19 @@ def test_inject_changes_a_live_run():
 
 
 def test_whatif_sweep_on_the_example(tmp_path):
-    # Steps of 20 and 80 ms per hop (each allreduce crosses 6 hops at 4 nodes) stand far
-    # above what the suite's own load adds to an iteration (up to ~80 ms seen), so the
-    # order of the three points is the model's, not the machine's.
+    # 80 ms per hop (each allreduce crosses 6 hops at 4 nodes) stands far above what the
+    # suite's own load adds to an iteration (up to ~80 ms seen), so the order of the two
+    # points is the model's, not the machine's.
     out = tmp_path / "sweep"
     res = nbx(
-        "whatif", "--sweep", "latency=0,20ms,80ms", "--out", str(out), "--nnodes", "4",
+        "whatif", "--sweep", "latency=0,80ms", "--out", str(out), "--nnodes", "4",
         "--", EXAMPLE, "--steps", "3",
     )  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
-    assert [r["latency"] for r in rows] == ["0", "20ms", "80ms"]
+    assert [r["latency"] for r in rows] == ["0", "80ms"]
     its = [float(r["iteration_s"]) for r in rows]
-    assert its[0] < its[1] < its[2], its
+    assert its[0] < its[1], its
     import matplotlib.image
 
     img = matplotlib.image.imread(str(tmp_path / "sweep.png"))
