@@ -70,7 +70,7 @@ class Instance:
         self.buffered: list[tuple[Conn, Event]] = []  # frames before the shape is known
         self.timeline = None
         self.predicted = 0.0
-        self.lag: float | None = None  # how late its latest timed release left (the record's `lag`)
+        self.lag: float | None = None  # the record's `lag` (Book.lag: past release and inputs, the latest send)
         self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book

@@ -90,9 +90,6 @@ class TorchNcclComm:
         self.thread.start()
         threading.Thread(target=self._refuse_gloo, args=(store,), name="nccl-gloo-guard", daemon=True).start()
 
-    def stop(self) -> None:
-        self.live.stop()
-
     def close(self) -> None:
         """Stop the loop, wait for its thread, and close the sockets and the FIFO."""
         self.live.stop()
@@ -151,7 +148,3 @@ class TorchNcclComm:
 
     def _finished(self, inst: Instance, order: int) -> None:
         self.on_record(record_of(inst, order, self.world))
-
-    @property
-    def collectives(self) -> int:
-        return self.live.collectives

@@ -37,4 +37,4 @@ class InstanceRecord:
     numel: int | None = None  # element count and size, when the observer told them
     elem: int | None = None
     dtype: str | None = None  # the observer's name for it (c10's: "Float", "Half", ...), when it told
-    lag: float | None = None  # the emulator's lag: how late its latest priced send left (None: none priced)
+    lag: float | None = None  # the emulator's lag (native Book.lag); None: the delay model priced nothing

@@ -52,14 +52,13 @@ def read_delays(path: str) -> tuple[float, ...]:
         text = read_bounded(path, MAX_FILE_BYTES, "--skew file").decode(errors="replace")
     except (OSError, ValueError) as exc:
         raise SkewError(f"--skew {path}: {exc}") from None
-    words = []
+    values = []
     for line in text.splitlines():
-        words += line.split("#", 1)[0].replace(",", " ").split()
-    try:
-        values = [float(w) / 1e3 for w in words]
-    except ValueError:
-        bad = next(w for w in words if not _is_number(w))
-        raise SkewError(f"--skew {path}: {bad!r} is not a delay in ms") from None
+        for word in line.split("#", 1)[0].replace(",", " ").split():
+            try:
+                values.append(float(word) / 1e3)
+            except ValueError:
+                raise SkewError(f"--skew {path}: {word!r} is not a delay in ms") from None
     if not values:
         raise SkewError(f"--skew {path}: no delays in it")
     if any(not 0 <= v <= MAX_DELAY_S for v in values):
@@ -67,21 +66,24 @@ def read_delays(path: str) -> tuple[float, ...]:
     return tuple(values[:MAX_DRAWS])
 
 
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-        return True
-    except ValueError:
-        return False
+def checked_spec(spec: str | None) -> str:
+    """--skew as a run passes it on: none, auto, or a file of delays checked now and named
+    by its absolute path (the controller reads it from another folder)."""
+    if spec is None or spec in ("none", "auto"):
+        return spec or "none"
+    read_delays(spec)
+    return str(Path(spec).resolve())
 
 
 class Skew:
-    """Where the emulated ranks' drawn entry delays come from. `mode`: none, auto or file."""
+    """Where the emulated ranks' drawn entry delays come from. `mode`: none; auto; or
+    fixed: the draws given (a file's, or those a recorded run pooled: `recorded`)."""
 
     def __init__(self, mode: str = "none", draws: tuple[float, ...] = (), seed: int = 0) -> None:
         self.mode = mode
         self.draws = draws
         self.seed = seed
+        self._stepped = False  # auto: an optimizer step came (before it, no collective has a place to recur in)
         self._last: dict[tuple, float] = {}  # auto: a collective of the iteration -> the real rank's last entry
         self._seen: dict[tuple, int] = {}  # auto: (group, kind, bytes) -> how many since the last step
         self._samples: dict[tuple, deque[float]] = {}
@@ -92,8 +94,7 @@ class Skew:
         spec = spec or "none"
         if spec in ("none", "auto"):
             return cls(spec, seed=seed)
-        return cls("file", read_delays(spec), seed)
-
+        return cls("fixed", read_delays(spec), seed)
 
     def entry(self, t0: float, stragglers: dict[int, float], key: tuple, instance: str) -> Entry:
         """The entry of one instance that the real rank entered at `t0`: `key` names its
@@ -102,7 +103,7 @@ class Skew:
             return Entry(t0, stragglers)
         shift = 0.0
         draws = self.draws
-        if self.mode == "auto":
+        if self.mode == "auto" and self._stepped:  # keyed by place in the iteration: bounded by one iteration's
             k = self._seen.get(key, 0)
             self._seen[key] = k + 1
             shift = self._observe((*key, k), t0)
@@ -113,6 +114,7 @@ class Skew:
 
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
+        self._stepped = True
         self._seen.clear()
 
     @classmethod
@@ -126,7 +128,7 @@ class Skew:
                 skew.on_step()
             else:
                 skew.entry(t, {}, key, "")
-        return cls("recorded", tuple(skew._pool), seed)
+        return cls("fixed", tuple(skew._pool), seed)
 
     def _observe(self, key: tuple, t: float) -> float:
         """The real rank entered `key` at `t`: one more sample; its excess over the least

@@ -886,7 +886,7 @@ PyMethodDef book_methods[] = {
     {"close", book_close, METH_NOARGS, "close(): stop taking frames; drop the owner."},
     {"rank_times", book_rank_times, METH_NOARGS, "rank_times() -> {real rank: (first frame, last crossed)}."},
     {"take_lateness", book_take_lateness, METH_NOARGS, "take_lateness() -> [seconds]: how late each timed release left."},
-    {"lag", book_lag, METH_NOARGS, "lag() -> seconds or None: how late the latest priced send left its release."},
+    {"lag", book_lag, METH_NOARGS, "lag() -> seconds or None: how long the latest priced send left after its release and its inputs."},
     {nullptr, nullptr, 0, nullptr},
 };
 

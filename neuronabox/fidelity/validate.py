@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronabox.controller.skew import SkewError, checked_spec
 from neuronabox.fidelity.calibrate import testbed_rate
 from neuronabox.fidelity.testbed import (
     Host,
@@ -92,14 +93,10 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
         raise UsageError(f"--iteration is steps or line, got {ns.iteration!r}")
     if ns.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be at least 0, got {ns.warmup_steps}")
-    if ns.skew not in ("none", "auto"):
-        from neuronabox.controller.skew import Skew, SkewError
-
-        try:
-            Skew.parse(ns.skew)
-        except SkewError as exc:
-            raise UsageError(str(exc)) from None
-        ns.skew = str(Path(ns.skew).resolve())
+    try:
+        ns.skew = checked_spec(ns.skew)
+    except SkewError as exc:
+        raise UsageError(str(exc)) from None
     if ns.cpu_share is not None and ns.cpu_share <= 0:
         raise UsageError(f"--cpu-share must be positive, got {ns.cpu_share}")
     targs = parse([*rest, "--", *script])

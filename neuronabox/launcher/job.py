@@ -22,7 +22,7 @@ from neuronabox import delay_models, topology
 from neuronabox.controller.config import real_ranks_of
 from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
-from neuronabox.controller.skew import Skew, SkewError
+from neuronabox.controller.skew import SkewError, checked_spec
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
 from neuronabox.launcher.cores import CorePlan, plan_cores, this_machine
@@ -307,14 +307,10 @@ def _nccl_pins(args: LaunchArgs, backend: str, world: int) -> NcclPins | None:
 
 
 def _skew(spec: str | None) -> str:
-    """--skew: none, auto, or a file of delays (checked now, passed on by its absolute path)."""
-    if spec is None or spec in ("none", "auto"):
-        return spec or "none"
     try:
-        Skew.parse(spec)
+        return checked_spec(spec)
     except SkewError as exc:
         raise UsageError(str(exc)) from None
-    return str(Path(spec).resolve())
 
 
 def _nccl_device(args: LaunchArgs, backend: str) -> str:

@@ -76,10 +76,9 @@ def verify_unmodified(lib: WheelLibrary) -> None:
     if key in _VERIFIED:
         return
     found = record_hash(lib.path)
-    if found == lib.sha256:
-        _VERIFIED.add(key)
     if found != lib.sha256:
         raise RigError(f"{lib.path} differs from the wheel's RECORD (sha256 {found}, RECORD says {lib.sha256})")
+    _VERIFIED.add(key)
 
 
 def check_built() -> None:

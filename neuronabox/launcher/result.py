@@ -16,7 +16,7 @@ class KindStats:
     mean_s: float  # mean time on the real ranks
     model_mean_s: float  # mean time the delay model gave
     boundary_messages: int
-    lag_mean_s: float | None = None  # the emulator's mean lag (None: no timed release to measure it by)
+    lag_mean_s: float | None = None  # the emulator's mean lag (None: the delay model priced nothing)
 
     @property
     def own_mean_s(self) -> float | None:

@@ -109,6 +109,7 @@ class Record(Protocol):
     numel: int | None
     elem: int | None
     dtype: str | None
+    lag: float | None
 
 
 def instance_line(rec: Record, us) -> dict:
@@ -132,7 +133,7 @@ def instance_line(rec: Record, us) -> dict:
         "boundary_messages": rec.boundary_messages,
         "geometry": rec.geometry,
         "loop_cpu_s": rec.loop_cpu,
-        **({"lag_us": rec.lag * 1e6} if getattr(rec, "lag", None) is not None else {}),
+        **({"lag_us": rec.lag * 1e6} if rec.lag is not None else {}),
     }
 
 
@@ -366,7 +367,7 @@ class KindTotals:
     seconds: float = 0.0  # summed mean time on the real ranks
     boundary_messages: int = 0
     predicted: float = 0.0  # summed model time
-    lag: float = 0.0  # summed emulator lag (the latest timed release's lateness), over `lagged` instances
+    lag: float = 0.0  # summed emulator lag (InstanceRecord.lag), over `lagged` instances
     lagged: int = 0
 
 

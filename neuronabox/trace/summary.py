@@ -35,11 +35,10 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         mean = k.seconds / k.count if k.count else 0.0
         model = k.predicted_s / k.count if k.count else 0.0
         alg, bus = bandwidths(k.kind, k.bytes / k.count if k.count else 0, mean, reply.world_size)
-        # The miss split: the controller's lateness (the latest timed release of each
-        # instance, an upper bound on what it added) and the rest, the real rank's own work.
-        lagged = getattr(k, "lagged", 0)
-        if lagged:
-            lag = k.lag_s / lagged
+        # The miss split: the controller's holding (each instance's latest send, past its
+        # release and its inputs: a lower bound) and the rest, the real rank's own work.
+        if k.lagged:
+            lag = k.lag_s / k.lagged
             split = f"{lag * 1e3:9.3f} ms {(mean - model - lag) * 1e3:10.3f} ms"
         else:
             split = f"{'-':>12} {'-':>13}"
