@@ -9,16 +9,18 @@ gather, once a frame names its root).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 
 from neuronabox.schedules.gloo import Msg, RealRanks, RingReduce, Schedule, SendRef
 
-from ._native import Book, Core, bind_book
+from ._native import Book, Core, Program, bind_book
 from .outcomes import ProtocolError
 
-__all__ = ["INPUT", "Book", "Core", "Pair", "load_program", "post_len"]
+__all__ = ["INPUT", "Book", "Core", "Pair", "Program", "ProgramCache", "load_program", "post_len"]
 
 Pair = tuple[int, int]  # (real group rank, emulated group rank)
+PROGRAMS_KEPT = 256  # shapes whose program a run keeps (DDP has a few buckets; the rest are rare)
 INPUT: SendRef = (-1, 0)  # what sends wait on for the mirror source's input (no rank sends it)
 
 bind_book(ProtocolError)
@@ -43,7 +45,7 @@ def _refs(content: SendRef | tuple[SendRef, ...] | None) -> tuple[SendRef, ...]:
 
 
 def load_program(
-    book: Book,
+    book: Book | Program,
     schedule: Schedule,
     real: RealRanks,
     index: dict[Pair, int],
@@ -75,3 +77,34 @@ def load_program(
                 limit = post_len(schedule, m)
                 book.expect_recv(pair(r, m.peer), m.step, m.nbytes, limit, [*deps, *extra_deps], _refs(content))
     return grown
+
+
+class ProgramCache:
+    """Programs recorded once per (group, shape), the most recently used kept: an instance
+    of a shape seen before loads its program natively (`Book.load`) instead of walking
+    its schedule in Python."""
+
+    def __init__(self, limit: int = PROGRAMS_KEPT) -> None:
+        self.limit = limit
+        self._kept: OrderedDict[Hashable, tuple[Program, dict[Pair, int]]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def program(
+        self, key: Hashable, record: Callable[[Program, dict[Pair, int]], object]
+    ) -> tuple[Program, dict[Pair, int]]:
+        """The program for `key`, recorded by `record(program, index)` the first time."""
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            self.hits += 1
+            return kept
+        self.misses += 1
+        program, index = Program(), {}
+        record(program, index)
+        self._kept[key] = (program, index)
+        if len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+        return program, index
+
+    def clear(self) -> None:
+        self._kept.clear()

@@ -17,6 +17,7 @@ transitions are `Phase` and `PHASE_MOVES`.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from enum import Enum, auto
 
@@ -24,7 +25,7 @@ from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import Msg, RingReduce, Schedule, SendRef
 
 from .accounting import Accounting
-from .book import INPUT, Book, Core, Pair, load_program
+from .book import INPUT, Book, Core, Pair, ProgramCache, load_program
 from .dialect import Data, Dialect, Event, SendReady, UnsupportedCollective
 from .groups import Conn, Group
 from .mirror import MirrorInput
@@ -33,6 +34,8 @@ from .p2p import PointToPoint
 from .payloads import Input, PayloadPolicy
 from .release import ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
+
+DEFERRED_RECORDS_MAX = 64  # finished instances whose records wait for an idle loop; more: published at once
 
 __all__ = ["Conn", "Engine", "Group", "Instance", "InstanceRecord", "Phase", "ProtocolError"]
 
@@ -174,7 +177,7 @@ class Instance:
             extend=self._extend if unrooted else None,
         )
         self.payloads.lookup = self._received
-        self._load(sched.sends, sched.recvs)
+        self._load_cached(sched)
         if unrooted:
             book.hold(1)  # the gather to the root, settled once a frame names it
         buffered, self.buffered = self.buffered, []
@@ -182,6 +185,21 @@ class Instance:
             self._to_book(conn, ev)
         if book.remaining == 0 and self.phase is Phase.RUNNING:  # nothing crossed (else the last one completed it)
             self.book_done()
+
+    def _load_cached(self, sched: Schedule) -> None:
+        """The schedule's whole program, recorded once per shape of the group and loaded
+        natively into every instance of that shape (controller/book.py, ProgramCache)."""
+        g = self.group
+        deps = self._input_deps()
+        key = (g.name, g.world, g.real.members, self.kind, type(sched).__name__, getattr(sched, "geo", None),
+               getattr(sched, "root", None), self.nbytes, self.geometry, deps)  # fmt: skip
+        program, index = self.engine.programs.program(
+            key, lambda prog, idx: load_program(prog, sched, g.real, idx, sched.sends, sched.recvs, deps)
+        )
+        self.book.load(program)
+        self.pairs = dict(index)
+        for pair in index:
+            self._connect(pair)
 
     def _load(self, sends, recvs) -> None:
         """Messages of the schedule's program into the book; new pairs connect (and post
@@ -340,10 +358,13 @@ class Engine:
         request_input: Callable[[str, int, int], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         native_timers: bool = False,
+        defer_records: bool = False,
     ) -> None:
         """Each instance runs in a native book once its shape is known (controller/book.py).
         `native_timers`: the books' release timers wait in the native core, which the driver
-        runs (`core.wait`), not through `call_at`."""
+        runs (`core.wait`), not through `call_at`. `defer_records`: a finished instance's
+        record (and trace line) waits for the driver's idle turn (`publish_next`), off the
+        path of the next collective's frames; at most DEFERRED_RECORDS_MAX wait."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -358,6 +379,9 @@ class Engine:
         self.request_meta = request_meta
         self.on_complete = on_complete
         self.instances: dict[tuple[str, int], Instance] = {}
+        self.programs = ProgramCache()
+        self.defer_records = defer_records
+        self.finished: deque[tuple[Instance, float]] = deque()  # completed, record not yet out: (instance, end)
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
 
@@ -415,16 +439,35 @@ class Engine:
     def reset(self) -> None:
         """A new generation of the world (the default group made again): what the old one
         left in flight is dropped; its books take no frame and fire no timer."""
+        self.publish_finished()
         for inst in self.instances.values():
             if inst.book is not None:
                 inst.book.close()
         self.instances.clear()
+        self.programs.clear()
         self.unposted.clear()
         self.p2p.reset()
 
     def completed(self, inst: Instance) -> None:
         del self.instances[(inst.group.name, inst.slot)]
-        self.publish(inst.record(self.clock()))
+        if not self.defer_records:
+            self.publish(inst.record(self.clock()))
+            return
+        self.finished.append((inst, self.clock()))
+        if len(self.finished) > DEFERRED_RECORDS_MAX:  # the loop has had no idle turn: catch up now
+            self.publish_finished()
+
+    def publish_next(self) -> bool:
+        """One finished instance's record out (the driver's idle turn); whether more wait."""
+        if self.finished:
+            inst, end = self.finished.popleft()
+            self.publish(inst.record(end))
+        return bool(self.finished)
+
+    def publish_finished(self) -> None:
+        """Every record still waiting, out (the periodic turn, a reset, the run's end)."""
+        while self.publish_next():
+            pass
 
     def publish(self, rec: InstanceRecord) -> None:
         """A finished instance (or point-to-point message) goes to the controller's records."""
@@ -435,7 +478,7 @@ class Engine:
         """Each real rank's earliest entry (global rank -> time) into an instance still in
         flight: the trace's gaps before it are not final yet."""
         marks: dict[int, float] = {}
-        for inst in self.instances.values():
+        for inst in [*self.instances.values(), *(i for i, _ in self.finished)]:  # a waiting record is open too
             for r, t in inst.entries().items():
                 marks[r] = min(marks.get(r, t), t)
         return marks

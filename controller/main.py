@@ -117,6 +117,8 @@ class Controller:
         driver.accept_router = self.membership.may_dial_in
         driver.log = self.log
         driver.periodic = self._periodic
+        driver.idle_work = engine.publish_next
+        driver.idle_pending = lambda: bool(engine.finished)
         driver.on_open = self.membership.on_pair_open
         driver.on_close = self.membership.on_pair_closed
         self.status = StatusService(
@@ -147,6 +149,7 @@ class Controller:
             data=self.cfg.data,
             request_input=(lambda *question: self.observers.request_input(*question)) if observed else None,
             native_timers=True,
+            defer_records=True,
         )
 
     def _stepped(self, rank: int, t: float) -> None:
@@ -193,6 +196,7 @@ class Controller:
     def _periodic(self) -> None:
         if os.getppid() == 1:  # the launcher is gone: nothing to serve
             raise RuntimeError("the launcher exited; controller stopping")
+        self.driver.engine.publish_finished()  # a loop with no idle turn still reports each 0.5 s
         cause = self.watchdog.check(time.monotonic(), list(self.driver.engine.instances.values()))
         if cause is not None:
             raise RankStalled(cause)
@@ -202,6 +206,7 @@ class Controller:
         t = threading.Thread(target=self.membership.rendezvous, name="rendezvous", daemon=True)
         t.start()
         self.driver.run()
+        self.driver.engine.publish_finished()
         if self.driver.error is not None and not self.lifecycle.error:
             self.fail(self.driver.error)
         if self.nccl is not None:

@@ -250,3 +250,65 @@ def test_a_finished_instance_is_freed_at_once():
         assert len(finished) == 1 and finished[0]() is None
     finally:
         gc.enable()
+
+
+def again(side, tag):
+    """The same real side plays the next instance of its schedule, on a new slot."""
+    side.slot = make_slot(SlotPrefix.ALLREDUCE, tag)
+    side.sends, side.got, side.credits = {}, {}, {}
+    side.start()
+    side.pump()
+
+
+@pytest.mark.parametrize("world,real", [(2, (0,)), (8, (0, 3)), (13, (1, 3))])
+def test_a_shape_seen_before_loads_its_recorded_program(world, real):
+    """DDP repeats its buckets: the second instance of a shape takes the program recorded
+    for the first (one miss, then hits), and crosses the same messages with the same bytes."""
+    total, elem = 10_000, 4
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, elem))
+    side = run(world, real, sched, SlotPrefix.ALLREDUCE, meta=(total // elem, elem))
+    first = dict(side.got)
+    again(side, 4)
+    again(side, 5)
+    programs = side.engine.programs
+    assert (programs.misses, programs.hits) == (1, 2)
+    assert [r.boundary_messages for r in side.completed] == [side.completed[0].boundary_messages] * 3
+    assert side.got == first and not side.engine.instances
+    other = RingAllreduce(RingGeometry.for_tensor(world, 2 * total, elem))  # another shape: recorded anew
+    side.sched = other
+    side.meta = (2 * total // elem, elem)
+    again(side, 6)
+    assert (programs.misses, programs.hits) == (2, 2) and len(side.completed) == 4
+
+
+def test_the_program_cache_keeps_the_most_recently_used_shapes():
+    from neuronabox.controller.book import ProgramCache
+
+    cache, recorded = ProgramCache(limit=2), []
+    record = lambda key: lambda prog, idx: recorded.append(key)  # noqa: E731
+    for key in ("a", "b", "a", "c", "b", "a"):
+        cache.program(key, record(key))
+    # a (miss) b (miss) a (hit) c (miss, evicts b) b (miss, evicts a) a (miss)
+    assert recorded == ["a", "b", "c", "b", "a"] and (cache.hits, cache.misses) == (1, 5)
+
+
+def test_a_deferred_record_waits_for_the_idle_turn_and_holds_the_gaps_open():
+    """Under `defer_records` the record leaves the path of the next collective's frames: it
+    is published on the driver's idle turn, and until then its real ranks' entries still
+    hold back the trace's gaps (open_entries) as an instance in flight does."""
+    from neuronabox.controller.engine import DEFERRED_RECORDS_MAX
+
+    world, total, elem = 5, 4096, 4
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, elem))
+    side = RealSide(world, (0, 2), sched, make_slot(SlotPrefix.ALLREDUCE, 3), meta=(total // elem, elem))
+    side.engine.defer_records = True
+    side.start()
+    side.pump()
+    assert side.completed == [] and not side.engine.instances and len(side.engine.finished) == 1
+    assert set(side.engine.open_entries()) == {0, 2}
+    assert side.engine.publish_next() is False
+    assert len(side.completed) == 1 and side.engine.open_entries() == {}
+    for tag in range(4, 5 + DEFERRED_RECORDS_MAX):  # no idle turn ever came: they go out at once
+        again(side, tag)
+    assert len(side.completed) + len(side.engine.finished) == 2 + DEFERRED_RECORDS_MAX
+    assert len(side.engine.finished) <= DEFERRED_RECORDS_MAX

@@ -69,6 +69,18 @@ size_t Book::add_pair(int64_t real, int64_t emu) {
   return pairs_.size() - 1;
 }
 
+void Book::load(const Program& program) {
+  if (!pairs_.empty()) throw std::logic_error(name_ + ": a program is loaded into an empty book");
+  for (const auto& [real, emu] : program.pairs) add_pair(real, emu);
+  for (const Program::Op& op : program.ops) {
+    if (op.real_sends) {
+      expect_real_send(op.pair, op.step, op.nbytes, op.limit, op.post_len);
+    } else {
+      expect_real_recv(op.pair, op.step, op.nbytes, op.limit, op.deps, op.content);
+    }
+  }
+}
+
 void Book::expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len) {
   PairBook& p = pairs_.at(pair);
   p.sends.push_back(Expected{step, nbytes, limit, post_len});

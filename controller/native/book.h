@@ -76,6 +76,20 @@ struct Actions {
   bool complete = false;                          // every boundary message crossed
 };
 
+// A boundary program as the schedule gives it, recorded once per shape and loaded
+// into each instance of that shape (`Book::load`): DDP repeats its buckets every step,
+// so steady state builds no program from Python.
+struct Program {
+  struct Op {
+    size_t pair;
+    bool real_sends;  // expect_real_send, else expect_real_recv
+    int64_t step, nbytes, limit, post_len;
+    std::vector<SendRef> deps, content;  // a receive's
+  };
+  std::vector<std::pair<int64_t, int64_t>> pairs;  // (real, emu), by index
+  std::vector<Op> ops;                              // in program order per pair
+};
+
 class Book {
  public:
   Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
@@ -83,6 +97,9 @@ class Book {
 
   // -- the program (before the first event) ---------------------------------------
   size_t add_pair(int64_t real, int64_t emu);
+  // Every pair and message of `program`, into a book that has none yet (its pair i is
+  // the program's pair i).
+  void load(const Program& program);
   // The real rank sends `nbytes` (< 0: the wire tells, at most `limit`) at `step`;
   // the emulated side posts a receive of `post_len` (< 0: when the notice tells).
   void expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len);

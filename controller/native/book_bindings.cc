@@ -148,8 +148,15 @@ struct BookObject {
   bool finished;
 };
 
+// A recorded boundary program (book.h's Program), shared by the instances of one shape.
+struct ProgramObject {
+  PyObject_HEAD
+  Program* program;
+};
+
 PyTypeObject CoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 PyTypeObject BookType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // -- Core ------------------------------------------------------------------------------
 int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
@@ -453,10 +460,11 @@ bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
 // wait(until) -> ([(conn, events | None)], python): serve the pair sockets and the
 // native timers until Python has something to do: events no book took (None: the
 // socket closed), its own epoll readable, or `until` (monotonic) reached.
-PyObject* core_wait(PyObject* obj, PyObject* arg) {
+PyObject* core_wait(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  const double until = PyFloat_AsDouble(arg);
-  if ((until == -1.0 && PyErr_Occurred()) || !ensure_epoll(self)) return nullptr;
+  double until;
+  int poll_once = 0;
+  if (!PyArg_ParseTuple(args, "d|p", &until, &poll_once) || !ensure_epoll(self)) return nullptr;
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;
   bool python = false;
@@ -471,7 +479,8 @@ PyObject* core_wait(PyObject* obj, PyObject* arg) {
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
     const double wait = next - monotonic();
-    const int ms = wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
+    const int ms =
+        poll_once == 0 && wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
     int n;
     Py_BEGIN_ALLOW_THREADS
     n = ::epoll_wait(self->ep, evs, kMaxEvents, ms);
@@ -495,6 +504,7 @@ PyObject* core_wait(PyObject* obj, PyObject* arg) {
         return nullptr;
       }
     }
+    if (poll_once != 0 && n == 0) break;  // nothing ready: Python has work put off for an idle loop
   }
   PyObject* result = Py_BuildValue("(OO)", out, python ? Py_True : Py_False);
   Py_DECREF(out);
@@ -507,9 +517,10 @@ PyMethodDef core_methods[] = {
     {"write_wanted", core_write_wanted, METH_O,
      "write_wanted(fd) -> bool: frames wait for the watched socket; the loop writes them when it can."},
     {"also", core_also, METH_O, "also(fd): Python's own epoll; wait() returns when it is readable."},
-    {"wait", core_wait, METH_O,
-     "wait(until) -> ([(conn, events | None)], python): run the pair sockets and native timers natively until "
-     "Python has events, its own epoll is readable, or `until` (monotonic seconds)."},
+    {"wait", core_wait, METH_VARARGS,
+     "wait(until, poll_once=False) -> ([(conn, events | None)], python): run the pair sockets and native timers "
+     "natively until Python has events, its own epoll is readable, or `until` (monotonic seconds); with poll_once, "
+     "also as soon as nothing is ready (Python has idle work)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -652,6 +663,116 @@ PyObject* book_expect_recv(PyObject* obj, PyObject* args) {
   std::vector<SendRef> deps, content;
   if (!parse_refs(deps_obj, &deps) || !parse_refs(content_obj, &content)) return nullptr;
   self->book->expect_real_recv(static_cast<size_t>(i), step, nbytes, limit, std::move(deps), std::move(content));
+  Py_RETURN_NONE;
+}
+
+// -- Program ---------------------------------------------------------------------------
+int program_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
+  if (!PyArg_ParseTuple(args, ":Program") || (kwargs != nullptr && PyDict_Size(kwargs) > 0)) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Program() takes no arguments");
+    return -1;
+  }
+  auto* self = reinterpret_cast<ProgramObject*>(obj);
+  delete self->program;
+  self->program = new (std::nothrow) Program();
+  if (self->program == nullptr) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+void program_dealloc(PyObject* obj) {
+  delete reinterpret_cast<ProgramObject*>(obj)->program;
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+Program* program_of(PyObject* obj) {
+  Program* p = reinterpret_cast<ProgramObject*>(obj)->program;
+  if (p == nullptr) PyErr_SetString(PyExc_RuntimeError, "Program.__init__ was not called");
+  return p;
+}
+
+bool valid_program_pair(const Program& p, Py_ssize_t i) {
+  if (i < 0 || static_cast<size_t>(i) >= p.pairs.size()) {
+    PyErr_Format(PyExc_IndexError, "no pair %zd in the program", i);
+    return false;
+  }
+  return true;
+}
+
+PyObject* program_add_pair(PyObject* obj, PyObject* args) {
+  Program* p = program_of(obj);
+  long long real, emu;
+  if (p == nullptr || !PyArg_ParseTuple(args, "LL", &real, &emu)) return nullptr;
+  p->pairs.emplace_back(real, emu);
+  return PyLong_FromSize_t(p->pairs.size() - 1);
+}
+
+PyObject* program_expect_send(PyObject* obj, PyObject* args) {
+  Program* p = program_of(obj);
+  Py_ssize_t i;
+  long long step, nbytes, limit, post_len;
+  if (p == nullptr || !PyArg_ParseTuple(args, "nLLLL", &i, &step, &nbytes, &limit, &post_len)) return nullptr;
+  if (!valid_program_pair(*p, i)) return nullptr;
+  p->ops.push_back(Program::Op{static_cast<size_t>(i), true, step, nbytes, limit, post_len, {}, {}});
+  Py_RETURN_NONE;
+}
+
+PyObject* program_expect_recv(PyObject* obj, PyObject* args) {
+  Program* p = program_of(obj);
+  Py_ssize_t i;
+  long long step, nbytes, limit;
+  PyObject *deps_obj, *content_obj;
+  if (p == nullptr || !PyArg_ParseTuple(args, "nLLLOO", &i, &step, &nbytes, &limit, &deps_obj, &content_obj)) {
+    return nullptr;
+  }
+  if (!valid_program_pair(*p, i)) return nullptr;
+  std::vector<SendRef> deps, content;
+  if (!parse_refs(deps_obj, &deps) || !parse_refs(content_obj, &content)) return nullptr;
+  p->ops.push_back(Program::Op{static_cast<size_t>(i), false, step, nbytes, limit, -1, std::move(deps),
+                               std::move(content)});
+  Py_RETURN_NONE;
+}
+
+PyObject* program_len(PyObject* obj, void*) {
+  Program* p = program_of(obj);
+  return p != nullptr ? PyLong_FromSize_t(p->ops.size()) : nullptr;
+}
+
+PyMethodDef program_methods[] = {
+    {"add_pair", program_add_pair, METH_VARARGS, "add_pair(real, emu) -> int: as Book.add_pair."},
+    {"expect_send", program_expect_send, METH_VARARGS, "expect_send(pair, step, nbytes, limit, post_len): as Book's."},
+    {"expect_recv", program_expect_recv, METH_VARARGS,
+     "expect_recv(pair, step, nbytes, limit, deps, content): as Book's."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyGetSetDef program_getset[] = {
+    {"messages", program_len, nullptr, "boundary messages the program has", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr},
+};
+
+PyObject* book_load(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (!book_ready(self)) return nullptr;
+  if (!PyObject_TypeCheck(arg, &ProgramType)) {
+    PyErr_SetString(PyExc_TypeError, "Book.load takes a Program");
+    return nullptr;
+  }
+  Program* p = program_of(arg);
+  if (p == nullptr) return nullptr;
+  if (self->book->pairs() != 0) {
+    PyErr_SetString(PyExc_RuntimeError, "a program is loaded into an empty book");
+    return nullptr;
+  }
+  try {
+    self->conns->resize(p->pairs.size(), nullptr);  // until each pair's connection opens (connect)
+    self->pairs->resize(p->pairs.size(), nullptr);
+    self->book->load(*p);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
   Py_RETURN_NONE;
 }
 
@@ -873,6 +994,7 @@ PyMethodDef book_methods[] = {
     {"expect_recv", book_expect_recv, METH_VARARGS,
      "expect_recv(pair, step, nbytes, limit, deps, content): the real rank receives at `step`; the emulated send waits "
      "for `deps` and carries `content`'s bytes ((rank, step) pairs; none: zeros)."},
+    {"load", book_load, METH_O, "load(program): every pair and message of a recorded Program, into an empty book."},
     {"connect", book_connect, METH_VARARGS,
      "connect(pair, conn): the pair's connection is open: post its receives, take its frames natively."},
     {"on_event", book_on_event, METH_VARARGS, "on_event(pair, event, now): a frame the driver read in Python."},
@@ -954,10 +1076,23 @@ int add_book_types(PyObject* m) {
   BookType.tp_new = PyType_GenericNew;
   if (PyType_Ready(&BookType) < 0) return -1;
 
+  ProgramType.tp_name = "neuronabox.controller._native.Program";
+  ProgramType.tp_basicsize = sizeof(ProgramObject);
+  ProgramType.tp_dealloc = program_dealloc;
+  ProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
+  ProgramType.tp_doc = "A boundary program recorded once per shape, loaded into each book of that shape.";
+  ProgramType.tp_methods = program_methods;
+  ProgramType.tp_getset = program_getset;
+  ProgramType.tp_init = program_init;
+  ProgramType.tp_new = PyType_GenericNew;
+  if (PyType_Ready(&ProgramType) < 0) return -1;
+
   Py_INCREF(&CoreType);
   Py_INCREF(&BookType);
+  Py_INCREF(&ProgramType);
   if (PyModule_AddObject(m, "Core", reinterpret_cast<PyObject*>(&CoreType)) < 0 ||
-      PyModule_AddObject(m, "Book", reinterpret_cast<PyObject*>(&BookType)) < 0) {
+      PyModule_AddObject(m, "Book", reinterpret_cast<PyObject*>(&BookType)) < 0 ||
+      PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType)) < 0) {
     return -1;
   }
   return PyModule_AddFunctions(m, book_module_methods);

@@ -125,6 +125,10 @@ class GlooDriver:
         self.on_open: Callable[[Conn], None] | None = None
         self.on_close: Callable[[Conn], None] | None = None  # a pair's socket closed (the loop's own stop aside)
         self.periodic: Callable[[], None] | None = None
+        # Work put off for a turn with nothing to read (the engine's finished records):
+        # `idle_work()` does one piece and says whether more remain; `idle_pending()` asks.
+        self.idle_work: Callable[[], bool] | None = None
+        self.idle_pending: Callable[[], bool] = lambda: False
         self._next_periodic = 0.0
         self._dirty: list[_Sock] = []
         self._dirty_set: set[_Sock] = set()
@@ -246,7 +250,10 @@ class GlooDriver:
     def run(self) -> None:
         try:
             while self.running:
-                frames, python = self.core.wait(self._until())
+                behind = self.idle_work is not None and self.idle_pending()
+                frames, python = self.core.wait(self._until(), behind)
+                if behind and not frames and not python:  # nothing ready: the loop's idle turn
+                    self.idle_work()
                 for conn, events in frames:
                     self._frames(conn, events)
                 if python:
