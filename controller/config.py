@@ -35,6 +35,7 @@ class ControllerConfig:
     inject: list[str] = field(default_factory=list)  # what-if modifier specs
     direct_ranks: list[int] = field(default_factory=list)  # real ranks started without an agent
     skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file of delays (ms)
+    local_work: str = "measured"  # the emulated ranks' own work: measured (unless the topology gives it), topology
     backend: str = "gloo"  # the default group's: gloo, or nccl (its communicator through `nccl_comm`)
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release
     nccl_channels: int = 1  # backend nccl: the pinned channels

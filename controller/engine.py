@@ -300,6 +300,16 @@ class Instance:
         self._move(Phase.COMPLETE)
         self.engine.completed(self)
 
+    def measure(self) -> None:
+        """The first real rank's time in the instance, to the timing's meter of local work."""
+        timing = self.engine.timing
+        if timing is None or timing.meter is None or self.schedule is None:
+            return
+        r = self.group.real.sorted[0]
+        t = self.account.rank_times.get(r)
+        if t is not None:
+            timing.observe(self.kind, self.nbytes, self.schedule, r, t[1] - t[0], self.lag)
+
     def record(self, end: float) -> InstanceRecord:
         rec = self.account.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted)
         rec.world, rec.ranks = self.group.world, list(self.group.ranks)
@@ -451,7 +461,7 @@ class Engine:
     def completed(self, inst: Instance) -> None:
         del self.instances[(inst.group.name, inst.slot)]
         if not self.defer_records:
-            self.publish(inst.record(self.clock()))
+            self._report(inst, self.clock())
             return
         self.finished.append((inst, self.clock()))
         if len(self.finished) > DEFERRED_RECORDS_MAX:  # the loop has had no idle turn: catch up now
@@ -460,9 +470,14 @@ class Engine:
     def publish_next(self) -> bool:
         """One finished instance's record out (the driver's idle turn); whether more wait."""
         if self.finished:
-            inst, end = self.finished.popleft()
-            self.publish(inst.record(end))
+            self._report(*self.finished.popleft())
         return bool(self.finished)
+
+    def _report(self, inst: Instance, end: float) -> None:
+        """A finished instance: a sample of the real rank's own work (the timing's meter),
+        then its record."""
+        inst.measure()
+        self.publish(inst.record(end))
 
     def publish_finished(self) -> None:
         """Every record still waiting, out (the periodic turn, a reset, the run's end)."""

@@ -62,6 +62,7 @@ class Controller:
             modeled_boundary=cfg.boundary == "modeled",
             limit_s=cfg.timeout_s,
             skew=Skew.parse(cfg.skew),
+            measure_work=cfg.local_work == "measured" and cfg.backend == "gloo",  # the NCCL relay has no meter yet
         )
         self.watchdog = Watchdog(cfg.timeout_s)
         self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host)

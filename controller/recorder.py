@@ -117,4 +117,5 @@ class RunRecorder:
             "stopped_because": reason,
             "inject": self.timing.whatif.specs(),  # what-if may change during the run
             "release": self.timing.lateness_summary(),
+            "local_work": self.timing.work_summary(),  # what the emulated ranks were charged at the end
         }

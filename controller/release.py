@@ -21,8 +21,10 @@ from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Timeline, timeline_for
 
 from .skew import Skew
+from .work_meter import Sample, WorkMeter
 
 LATENESS_SAMPLES = 200_000
+EDGE_PROBE_S = 1e-3  # per-edge work that counts a schedule's edges (rank_time is linear in it)
 
 
 class BeyondTimeout(NeuronaBoxError, RuntimeError):
@@ -38,13 +40,20 @@ class ReleaseTiming:
         modeled_boundary: bool = True,
         limit_s: float = math.inf,
         skew: Skew | None = None,
+        measure_work: bool = False,
     ) -> None:
+        """`measure_work`: when the model charges no local work (a preset topology), charge
+        the emulated ranks the real rank's own, measured from the run's instances
+        (`observe`, controller/work_meter.py)."""
         self.model = model
         self.skew = skew or Skew()  # the emulated ranks' drawn entry delays (--skew; none: no draws)
         self.limit_s = limit_s  # a live run's timeout: no modeled time may reach it
         self.whatif = whatif or WhatIf()
         self.modeled = modeled_boundary
         self.work: HostWork = getattr(model, "local_work", HostWork())  # a plugin may not say
+        # The topology's work wins; none given, the run measures the real rank's.
+        self.meter = WorkMeter() if measure_work and not self.work.any() else None
+        self.work_source = "topology" if self.work.any() else "measured" if self.meter is not None else "none"
         self._hops: dict[tuple, LinkClass] = {}
         self.lateness: list[float] = []
         self.late_count = 0
@@ -106,6 +115,37 @@ class ReleaseTiming:
         serial = nbytes / link.bandwidth if nbytes else 0.0
         work = self.work.message
         return work + link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
+
+    def observe(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, span: float, lag: float | None) -> None:
+        """A finished instance as real group rank `rank` lived it (`span` seconds from its
+        first frame to its last message, `lag` the emulator's): a sample of its own work for
+        the meter. The model's network time, the what-if's entry delay and the lag are not
+        its own; an instance that random or per-rank delays held (jitter, stragglers, drawn
+        skew) is no sample, since what it waited for is not known here."""
+        if self.meter is None or not self.active or self.skew.mode != "none":
+            return
+        if self.whatif.stragglers(kind) or self.whatif.has_jitter(kind):
+            return
+        hop = self.hop(kind, nbytes, schedule.world, schedule)
+        bare = schedule.rank_time(hop, rank, 0.0) + self.whatif.entry_delay(kind)
+        edges = (schedule.rank_time(hop, rank, EDGE_PROBE_S) - bare) / EDGE_PROBE_S  # the edges on its path
+        if edges < 0.5:  # none: a broadcast's root, a barrier (their time is the network's)
+            return
+        own = span - bare - max(0.0, lag or 0.0)
+        messages = schedule.edge_work(HostWork(message=1.0))
+        reduced = schedule.edge_work(HostWork(reduce_bandwidth=1.0))
+        fitted = self.meter.add(Sample(messages, reduced, max(0.0, own) / edges))
+        if fitted is not None:
+            self.work = fitted  # instances that start from now on charge it
+
+    def work_summary(self) -> dict:
+        """Where the emulated ranks' local work came from, and what it is (the trace's footer)."""
+        bw = self.work.reduce_bandwidth
+        doc = {"source": self.work_source, "message_us": self.work.message * 1e6,
+               "reduce_gbps": None if math.isinf(bw) else bw / 1e9}  # fmt: skip
+        if self.meter is not None:
+            doc["samples"] = self.meter.count
+        return doc
 
     def jitter(self, kind: Kind) -> float:
         return self.whatif.jitter(kind)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 
 import pytest
@@ -39,9 +40,11 @@ def predicted_of(trace) -> dict:
 def test_latency_per_collective_lands_on_its_kind_only(tmp_path):
     base_trace, more_trace = tmp_path / "base.json", tmp_path / "more.json"
     kinds = "allreduce,broadcast"
-    timed("--nnodes", "4", kinds=kinds, trace=base_trace)
+    # The model's arithmetic alone: no measured local work, which differs run to run.
+    timed("--nnodes", "4", "--local-work", "topology", kinds=kinds, trace=base_trace)
     inject = ("--inject", "latency=+2ms,per=collective,op=allreduce")
-    more = timed("--nnodes", "4", *inject, kinds=kinds, trace=more_trace)
+    more = timed("--nnodes", "4", "--local-work", "topology", *inject, kinds=kinds, trace=more_trace)
+    assert load_trace(more_trace)["local_work"] == {"source": "none", "message_us": 0.0, "reduce_gbps": None}
     base_model, more_model = predicted_of(base_trace), predicted_of(more_trace)
     # The model: 2 ms more on allreduce, nothing on broadcast.
     assert more_model["allreduce"] - base_model["allreduce"] == pytest.approx(2e-3, rel=1e-6)
@@ -79,6 +82,23 @@ def test_real_rank_tracks_the_model(tmp_path):
     assert predicted["broadcast"] > predicted["allgather"] > predicted["barrier"]
     # Releases are late by a small part of the model's own times (the same run's barrier).
     assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] * 1e-6 < predicted["barrier"]
+
+
+def test_emulated_ranks_are_charged_the_real_ranks_own_work(tmp_path):
+    """On a preset (no local work) the run measures the real rank's own work per message
+    from its ring collectives and charges it to the emulated ranks: later instances'
+    model carries it, the footer and the summary say what it is and where it came from."""
+    trace = tmp_path / "trace.jsonl"
+    res = nbx("torchrun", "--nnodes", "4", "--trace", str(trace), LOOP,
+              "--kinds", "allreduce", "--bytes", "4096", "--reps", "24")  # fmt: skip
+    assert res.rc == 0, res.err[-3000:]
+    doc = load_trace(trace)
+    work = doc["local_work"]
+    assert work["source"] == "measured" and work["samples"] >= 16 and work["message_us"] > 1.0, work
+    models = [r["model_us"] for r in doc["instances"] if r["kind"] == "allreduce"]
+    # The first instances ran before the first fit (8 samples): the bare network's time.
+    assert models[0] == models[1] and models[-1] > models[0] + work["message_us"], models
+    assert re.search(r"local work +[0-9.]+ us per message, .*the real rank's own, measured", res.out), res.out
 
 
 def median_of_next(live: Live, n: int) -> float:

@@ -59,6 +59,8 @@ def build_parser() -> ArgParser:
     p.add_argument("--topology", help="a preset or topology file (default cpu-25gbe)")
     p.add_argument("--inject", action="append", default=[], help="a what-if modifier (repeatable)")
     p.add_argument("--data", help="zeros or mirror: what the emulated ranks contribute (default zeros)")
+    p.add_argument("--local-work", help="measured (default) or topology: what emulated ranks spend per message "
+                   "(measured: the real rank's own, unless the topology gives it)")
     p.add_argument("--timeout", help="the watchdog's limit in seconds")
     p.add_argument("--keep", metavar="DIR", help="keep the run's folder (spec, results, trace, ranks' output) here")
     return p
@@ -77,8 +79,8 @@ def refusal(ns) -> str | None:
             return "--device cuda: this torch sees no CUDA device (use --device cpu)"
     if ns.all_real and (ns.real_ranks or ns.real_nodes):
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
-    if ns.simulate and (ns.all_real or ns.data or ns.real_ranks or ns.real_nodes):
-        return "--simulate replays rank 0 with no process: drop --all-real, --data and the real ranks"
+    if ns.simulate and (ns.all_real or ns.data or ns.real_ranks or ns.real_nodes or ns.local_work):
+        return "--simulate replays rank 0 with no process: drop --all-real, --data, --local-work and the real ranks"
     if ns.backend == "nccl":
         cause = rig_refusal(ns)
         if cause:
@@ -146,7 +148,7 @@ def main(argv: list[str]) -> int:
         print(f"neuronabox: error: {cause}", file=sys.stderr)
         return 2
     options = {"delay_model": ns.delay_model, "topology": ns.topology, "inject": ns.inject or None,
-               "data": ns.data, "timeout": ns.timeout}  # fmt: skip
+               "data": ns.data, "timeout": ns.timeout, "local_work": ns.local_work}  # fmt: skip
     if ns.all_real:
         options["real_nodes"] = ",".join(map(str, range(ns.nnodes)))
     else:

@@ -73,6 +73,13 @@ def build_parser() -> ArgParser:
         "rank's own variation measured during the run; FILE, from its delays in ms; none (default): on time",
     )
     flag(
+        "--local-work",
+        metavar="measured|topology",
+        help="what emulated ranks spend per message and reduced byte: measured (default), the real rank's own, "
+        "fitted from the run's ring collectives, unless the topology gives it; topology: only what it gives "
+        "(presets: nothing)",
+    )
+    flag(
         "--placement",
         metavar="FILE|off",
         help="where real nodes and the controller run: a testbed's hosts (validate writes it); default: a core "

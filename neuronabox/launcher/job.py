@@ -42,6 +42,7 @@ from neuronabox.trace.records import being_written
 
 MAX_SCRIPT_BYTES = 64 << 20  # compiled here to catch a syntax error before anything starts
 LAZY_ABOVE = 64  # worlds larger than this use Gloo's lazy connection mode
+LOCAL_WORK = ("measured", "topology")  # --local-work
 DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-group timeout
 # torchrun flags the launcher gives each real node itself, from the Job: not passed through.
 SET_BY_LAUNCHER = (
@@ -86,6 +87,7 @@ class Job:
     cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
     placement_note: str = ""  # the one line the launcher prints about where the processes run
     skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
+    local_work: str = "measured"  # the emulated ranks' own work: measured (no topology's), or the topology's only
 
     @property
     def world_size(self) -> int:
@@ -145,6 +147,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     if boundary not in ("modeled", "real"):
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
     skew = _skew(args.ours.get("--skew"))
+    local_work = args.ours.get("--local-work", "measured")
+    if local_work not in LOCAL_WORK:
+        raise UsageError(f"--local-work is {' or '.join(LOCAL_WORK)}, got {local_work!r}")
     inject = tuple(args.repeated.get("--inject", []))
     _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
     placement_arg = args.ours.get("--placement")
@@ -200,6 +205,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         cores=cores,
         placement_note=note,
         skew=skew,
+        local_work=local_work,
     )
 
 

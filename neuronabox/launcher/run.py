@@ -126,6 +126,7 @@ class Run:
             direct_ranks=list(job.direct_ranks),
             timeout_s=job.timeout_s,
             skew=job.skew,
+            local_work=job.local_work,
             backend=job.backend,
             nccl_release=job.nccl_release,
             nccl_channels=job.nccl.channels if job.nccl else 1,

@@ -43,6 +43,7 @@ OURS = {
     "--nccl-route",
     "--device",
     "--skew",
+    "--local-work",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}

@@ -35,6 +35,7 @@ rank's is used).
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from neuronabox.schedules.gloo import (
     Schedule,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
+from neuronabox.topology import HostWork
 from neuronabox.trace import records as tracefile
 
 REPLAYED = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.BARRIER, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL)
@@ -331,7 +333,25 @@ def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, mo
         whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
     except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
         raise SimulateError(str(exc)) from None
-    return ReleaseTiming(model, whatif, skew=skew), topo, model_name, whatif
+    timing = ReleaseTiming(model, whatif, skew=skew)
+    measured = recorded_work(doc) if not topology_name and not timing.work.any() else None
+    if measured is not None:  # the live run charged its emulated ranks this: so does its replay
+        timing.work, timing.work_source = measured, "recorded"
+    return timing, topo, model_name, whatif
+
+
+def recorded_work(doc: dict) -> HostWork | None:
+    """The local work a live run measured on its real rank and charged its emulated ranks
+    (its footer's `local_work`), or None."""
+    lw = doc.get("local_work") or {}
+    if lw.get("source") != "measured":
+        return None
+    try:
+        gbps = lw.get("reduce_gbps")
+        return HostWork(message=float(lw["message_us"]) * 1e-6,
+                        reduce_bandwidth=float(gbps) * 1e9 if gbps else math.inf)  # fmt: skip
+    except (KeyError, TypeError, ValueError, topology.TopologyError) as exc:
+        raise SimulateError(f"the trace's local_work is damaged: {exc}") from None
 
 
 def run_simulation(

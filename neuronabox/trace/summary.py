@@ -52,6 +52,9 @@ def format_summary(reply, header: dict, footer: dict) -> str:
             f"  release timing  {rel['timed_releases']} timed messages, late by {rel['median_us']:.0f} us median,"
             f" {rel['p99_us']:.0f} us p99"
         )
+    work = local_work_line(footer.get("local_work") or {})
+    if work:
+        lines.append(f"  local work      {work}")
     if reply.steps:
         lines.append(f"  optimizer steps {reply.steps}   iteration time {reply.iteration_s * 1e3:.2f} ms")
     elif header.get("observer", True):
@@ -59,3 +62,17 @@ def format_summary(reply, header: dict, footer: dict) -> str:
     else:
         lines.append("  optimizer steps not observed (no observer); iteration time unknown")
     return "\n".join(lines)
+
+
+def local_work_line(lw: dict) -> str:
+    """What the emulated ranks spent of their own per message and reduced byte, and whence."""
+    source = lw.get("source")
+    if source not in ("measured", "topology", "recorded"):
+        return ""
+    gbps, msg_us = lw.get("reduce_gbps"), lw.get("message_us", 0.0)
+    if source == "measured" and not msg_us and not gbps:
+        return f"none charged: {lw.get('samples', 0)} ring collectives measured, too few to fit"
+    what = f"{msg_us:.1f} us per message, " + (f"reduce at {gbps:.2f} GB/s" if gbps else "reduce free")
+    if source == "measured":
+        return f"{what}: the real rank's own, measured ({lw.get('samples', 0)} samples; --local-work topology: none)"
+    return f"{what}: the topology's" if source == "topology" else f"{what}: the live run's, recorded"

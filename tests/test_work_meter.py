@@ -1,0 +1,54 @@
+"""The meter of the real rank's own work (controller/work_meter.py): samples in, the
+HostWork charged to emulated ranks out."""
+
+import math
+
+import pytest
+from neuronabox.controller.work_meter import FIRST_FIT, REFIT_EVERY, SAMPLES_KEPT, Sample, WorkMeter, fit
+
+MSG, PER_BYTE = 80e-6, 1 / 2e9  # 80 us per message, reducing at 2 GB/s
+SHAPES = ((2.0, 0.0), (2.0, 4096.0), (2.0, 65536.0))  # an allgather's edge, two allreduces'
+
+
+def edge(messages: float, reduced: float, stall: float = 0.0) -> Sample:
+    return Sample(messages, reduced, messages * MSG + reduced * PER_BYTE + stall)
+
+
+def test_the_fit_recovers_both_terms_through_tick_stalls():
+    """One instance in five waited a scheduler tick (4 ms): the medians per shape ignore it."""
+    samples = [edge(m, r, 4e-3 if i % 5 == 0 else 0.0) for i in range(20) for m, r in SHAPES]
+    work = fit(samples)
+    assert work.message == pytest.approx(MSG, rel=1e-9)
+    assert work.reduce_bandwidth == pytest.approx(1 / PER_BYTE, rel=1e-9)
+
+
+def test_one_shape_is_charged_per_message():
+    work = fit([edge(2.0, 65536.0) for _ in range(10)])
+    assert work.reduce_bandwidth == math.inf
+    assert work.message == pytest.approx((2 * MSG + 65536 * PER_BYTE) / 2)
+
+
+def test_neither_term_goes_below_zero():
+    # Bigger segments cost less per edge here (noise): no negative bandwidth, all per message.
+    samples = [Sample(2.0, r, y) for r, y in ((0.0, 3e-4), (65536.0, 1e-4)) for _ in range(5)]
+    work = fit(samples)
+    assert work.message >= 0 and work.reduce_bandwidth > 0
+    assert fit([Sample(2.0, 0.0, 0.0)] * 5).message == 0.0  # a rank faster than the model costs nothing
+
+
+def test_fits_come_after_the_first_samples_and_then_every_few():
+    meter = WorkMeter()
+    fits = [i for i in range(1, FIRST_FIT + 2 * REFIT_EVERY + 1) if meter.add(edge(2.0, 4096.0)) is not None]
+    assert fits == [FIRST_FIT, FIRST_FIT + REFIT_EVERY, FIRST_FIT + 2 * REFIT_EVERY]
+    assert meter.work.message == pytest.approx(MSG + 2048 * PER_BYTE)
+
+
+def test_the_meter_keeps_a_bounded_window_and_follows_a_drift():
+    meter = WorkMeter()
+    for _ in range(SAMPLES_KEPT):
+        meter.add(Sample(2.0, 0.0, 2 * 50e-6))
+    for _ in range(SAMPLES_KEPT):
+        meter.add(Sample(2.0, 0.0, 2 * 90e-6))
+    assert len(meter._samples) == SAMPLES_KEPT and meter.count == 2 * SAMPLES_KEPT
+    assert meter.work.message == pytest.approx(90e-6)
+    assert meter.add(Sample(0.0, 0.0, 1.0)) is None and meter.count == 2 * SAMPLES_KEPT  # no edges: no sample
