@@ -74,6 +74,7 @@ class Instance:
         self.timeline = None
         self.predicted = 0.0
         self.lag: float | None = None  # the record's `lag` (Book.lag: past release and inputs, the latest send)
+        self.turnarounds: list[float] = []  # the real ranks' (Book.take_turnarounds), for the local-work meter
         self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
@@ -291,6 +292,8 @@ class Instance:
             t[0], t[1] = min(t[0], first), last
         self.account.boundary = book.boundary
         timing = self.engine.timing
+        if timing is not None and timing.meter is not None:
+            self.turnarounds = book.take_turnarounds()
         if timing is not None:
             for late in book.take_lateness():
                 timing.record_lateness(late)
@@ -301,14 +304,10 @@ class Instance:
         self.engine.completed(self)
 
     def measure(self) -> None:
-        """The first real rank's time in the instance, to the timing's meter of local work."""
+        """The real ranks' turnarounds in the instance, to the timing's meter of local work."""
         timing = self.engine.timing
-        if timing is None or timing.meter is None or self.schedule is None:
-            return
-        r = self.group.real.sorted[0]
-        t = self.account.rank_times.get(r)
-        if t is not None:
-            timing.observe(self.kind, self.nbytes, self.schedule, r, t[1] - t[0], self.lag)
+        if timing is not None and timing.meter is not None and self.turnarounds:
+            timing.observe(self.kind, self.schedule, self.turnarounds)
 
     def record(self, end: float) -> InstanceRecord:
         rec = self.account.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted)

@@ -21,10 +21,10 @@ from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Timeline, timeline_for
 
 from .skew import Skew
-from .work_meter import Sample, WorkMeter
+from .work_meter import Sample, WorkMeter, trimmed_mean
 
 LATENESS_SAMPLES = 200_000
-EDGE_PROBE_S = 1e-3  # per-edge work that counts a schedule's edges (rank_time is linear in it)
+MEASURED_KINDS = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCE)  # rings: a real rank's send follows its receive
 
 
 class BeyondTimeout(NeuronaBoxError, RuntimeError):
@@ -116,25 +116,18 @@ class ReleaseTiming:
         work = self.work.message
         return work + link.latency + serial + self.whatif.entry_delay(kind) + self.whatif.jitter(kind)
 
-    def observe(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, span: float, lag: float | None) -> None:
-        """A finished instance as real group rank `rank` lived it (`span` seconds from its
-        first frame to its last message, `lag` the emulator's): a sample of its own work for
-        the meter. The model's network time, the what-if's entry delay and the lag are not
-        its own; an instance that random or per-rank delays held (jitter, stragglers, drawn
-        skew) is no sample, since what it waited for is not known here."""
-        if self.meter is None or not self.active or self.skew.mode != "none":
+    def observe(self, kind: Kind, schedule: Schedule, turnarounds: list[float]) -> None:
+        """A finished ring instance's real-rank turnarounds (each send notice's time since
+        the controller's latest write to that rank: its receive, its own work, its call to
+        send), as a sample for the meter. A turnaround does not include when the emulated
+        side released, so what-if delays, jitter and drawn skew leave it alone."""
+        if self.meter is None or not self.active or kind not in MEASURED_KINDS or len(turnarounds) < 2:
             return
-        if self.whatif.stragglers(kind) or self.whatif.has_jitter(kind):
+        messages = schedule.edge_work(HostWork(message=1.0))  # per edge of the DAG
+        if messages <= 0:
             return
-        hop = self.hop(kind, nbytes, schedule.world, schedule)
-        bare = schedule.rank_time(hop, rank, 0.0) + self.whatif.entry_delay(kind)
-        edges = (schedule.rank_time(hop, rank, EDGE_PROBE_S) - bare) / EDGE_PROBE_S  # the edges on its path
-        if edges < 0.5:  # none: a broadcast's root, a barrier (their time is the network's)
-            return
-        own = span - bare - max(0.0, lag or 0.0)
-        messages = schedule.edge_work(HostWork(message=1.0))
-        reduced = schedule.edge_work(HostWork(reduce_bandwidth=1.0))
-        fitted = self.meter.add(Sample(messages, reduced, max(0.0, own) / edges))
+        reduced = schedule.edge_work(HostWork(reduce_bandwidth=1.0)) / messages  # bytes reduced per message
+        fitted = self.meter.add(Sample(1.0, reduced, trimmed_mean(turnarounds)))
         if fitted is not None:
             self.work = fitted  # instances that start from now on charge it
 

@@ -2,13 +2,18 @@
 
 A preset topology charges emulated ranks nothing for the software a rank runs per
 message (Gloo's calls, the copy, the reduction), so on it the model is faster than
-any real rank and every small collective "misses" it. The meter closes that gap
-from the run itself: each finished ring instance says how long its first real rank
-spent beyond the model's network time, and the schedule says over how many edges of
-its timing DAG that time was spent and what one edge's work is made of (messages,
-and bytes reduced). The fit is the `HostWork` that explains those per-edge times,
-and the run charges it to the emulated ranks from then on: they keep the real
-rank's pace, and the model column carries the same software cost the real rank pays.
+any real rank and every small collective "misses" it; worse, a what-if that delays
+the emulated ranks is hidden behind the real rank's own slower pace. The meter
+closes that gap from the run itself: in each finished ring instance the native book
+times the real ranks' turnarounds (a send notice after the controller's latest write
+to that rank), and the schedule says how many bytes a message of it reduces. The
+fit is the `HostWork` that explains those times, and the run charges it to the
+emulated ranks from then on: they keep the real rank's pace, and the model column
+carries the same software cost the real rank pays.
+
+A turnaround, not the instance's span less the model: the span of a rank that waits
+for emulated ranks charged the work includes that wait, and a meter reading it would
+feed its own charge back into the next fit.
 
 Pure and time-free: samples in, a `HostWork` out.
 """
@@ -30,8 +35,8 @@ MIN_PER_SHAPE = 3  # a shape's median needs this many samples to count in the fi
 
 @dataclass(frozen=True)
 class Sample:
-    """One instance, as its first real rank lived it: `per_edge` seconds of its own per
-    edge of the DAG, where one edge is `messages` messages and `reduced` reduced bytes."""
+    """One instance: `per_edge` seconds of the real ranks' own per unit of `messages`
+    messages and `reduced` reduced bytes (a turnaround: one message, the bytes it reduces)."""
 
     messages: float
     reduced: float
@@ -93,3 +98,11 @@ def _least_squares(points: list[tuple[float, float, float]]) -> tuple[float, flo
             return 0.0, max(0.0, sry / srr)
     per_msg = statistics.median(y / m for m, _, y in points)  # per message only
     return max(0.0, per_msg), 0.0
+
+
+def trimmed_mean(xs: list[float], cut: float = 0.1) -> float:
+    """The mean without the top `cut` of the values: a turnaround that waited a scheduler
+    tick is a wake-up's outlier, not the rank's work; reducing and copying steps both count."""
+    xs = sorted(xs)
+    keep = xs[: max(1, len(xs) - int(len(xs) * cut))]
+    return sum(keep) / len(keep)

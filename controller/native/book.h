@@ -146,6 +146,10 @@ class Book {
   // emulator. Negative: none was late. Meaningless until `lagged()`.
   double lag() const { return lag_; }
   bool lagged() const { return lagged_; }
+  // The real ranks' turnarounds: for each of their send notices, how long after this
+  // book's latest write to the same rank it came (its receive, its own work, its call to
+  // send). Immune to when the emulated side released: the meter of local work reads it.
+  std::vector<double> take_turnarounds() { return std::move(turnarounds_); }
   // The instance is over: let go of the hooks (they hold its Python side).
   void drop_hooks() {
     source_.reset();
@@ -196,6 +200,8 @@ class Book {
   std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
   std::unordered_map<int64_t, std::pair<double, double>> rank_times_;
   std::vector<double> lateness_;
+  std::unordered_map<int64_t, double> last_write_;  // real rank -> this book's latest write to it
+  std::vector<double> turnarounds_;
   double lag_ = 0;
   bool lagged_ = false;
   int64_t boundary_ = 0, remaining_ = 0;

@@ -961,14 +961,21 @@ PyObject* book_lag(PyObject* obj, PyObject*) {
   return PyFloat_FromDouble(self->book->lag());
 }
 
-PyObject* book_take_lateness(PyObject* obj, PyObject*) {
-  auto* self = reinterpret_cast<BookObject*>(obj);
-  if (!book_ready(self)) return nullptr;
-  std::vector<double> xs = self->book->take_lateness();
+PyObject* float_list(const std::vector<double>& xs) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(xs.size()));
   if (list == nullptr) return nullptr;
   for (size_t k = 0; k < xs.size(); ++k) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(k), PyFloat_FromDouble(xs[k]));
   return list;
+}
+
+PyObject* book_take_lateness(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? float_list(self->book->take_lateness()) : nullptr;
+}
+
+PyObject* book_take_turnarounds(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? float_list(self->book->take_turnarounds()) : nullptr;
 }
 
 PyObject* book_remaining(PyObject* obj, void*) {
@@ -1008,6 +1015,8 @@ PyMethodDef book_methods[] = {
     {"close", book_close, METH_NOARGS, "close(): stop taking frames; drop the owner."},
     {"rank_times", book_rank_times, METH_NOARGS, "rank_times() -> {real rank: (first frame, last crossed)}."},
     {"take_lateness", book_take_lateness, METH_NOARGS, "take_lateness() -> [seconds]: how late each timed release left."},
+    {"take_turnarounds", book_take_turnarounds, METH_NOARGS,
+     "take_turnarounds() -> [seconds]: each real send notice's time since the book's latest write to that rank."},
     {"lag", book_lag, METH_NOARGS, "lag() -> seconds or None: how long the latest priced send left after its release and its inputs."},
     {nullptr, nullptr, 0, nullptr},
 };
