@@ -127,7 +127,7 @@ class ReleaseTiming:
         if messages <= 0:
             return
         reduced = schedule.edge_work(HostWork(reduce_bandwidth=1.0)) / messages  # bytes reduced per message
-        fitted = self.meter.add(Sample(1.0, reduced, trimmed_mean(turnarounds)))
+        fitted = self.meter.add(Sample(1.0, reduced, trimmed_mean(turnarounds), len(turnarounds)))
         if fitted is not None:
             self.work = fitted  # instances that start from now on charge it
 

@@ -30,6 +30,7 @@ from neuronabox.topology import HostWork
 SAMPLES_KEPT = 512  # the most recent samples the fit reads (a run's work drifts; memory stays bounded)
 FIRST_FIT = 8  # samples before the first charge
 REFIT_EVERY = 16  # new samples between fits
+TURNS_FOR_A_FIT = 256  # ...or this many turnarounds in at least 2 new samples (a large world's few instances)
 MIN_PER_SHAPE = 3  # a shape's median needs this many samples to count in the fit
 
 
@@ -41,12 +42,14 @@ class Sample:
     messages: float
     reduced: float
     per_edge: float
+    turns: int = 1  # the turnarounds it averages
 
 
 class WorkMeter:
     def __init__(self) -> None:
         self._samples: deque[Sample] = deque(maxlen=SAMPLES_KEPT)
         self._since_fit = 0
+        self._turns_since_fit = 0
         self.work: HostWork | None = None  # the latest fit; None until FIRST_FIT samples came
         self.count = 0  # samples taken in the run
 
@@ -57,10 +60,12 @@ class WorkMeter:
         self._samples.append(sample)
         self.count += 1
         self._since_fit += 1
+        self._turns_since_fit += sample.turns
         due = REFIT_EVERY if self.work is not None else FIRST_FIT
-        if self._since_fit < due:
+        many_turns = self._since_fit >= 2 and self._turns_since_fit >= TURNS_FOR_A_FIT
+        if self._since_fit < due and not many_turns:
             return None
-        self._since_fit = 0
+        self._since_fit = self._turns_since_fit = 0
         self.work = fit(self._samples)
         return self.work
 
