@@ -75,6 +75,7 @@ class Instance:
         self.predicted = 0.0
         self.lag: float | None = None  # the record's `lag` (Book.lag: past release and inputs, the latest send)
         self.turnarounds: list[float] = []  # the real ranks' (Book.take_turnarounds), for the local-work meter
+        self.work: tuple[float, float] | None = None  # the measured local work its timeline charged (the trace's)
         self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
@@ -155,8 +156,10 @@ class Instance:
         timing = eng.timing
         if timing is not None:
             start = self.account.start
-            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, start, g.name, self.tag)
-            self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0])
+            work = timing.work_at(g.name, self.tag)
+            self.timeline = timing.timeline(self.kind, self.nbytes, sched, g.real, start, g.name, self.tag, work)
+            self.work = timing.measured(work)
+            self.predicted = timing.predicted(self.kind, self.nbytes, sched, g.real.sorted[0], work)
             timing.within_limit(
                 self.name(), self.predicted + max(timing.whatif.stragglers(self.kind).values(), default=0)
             )
@@ -315,6 +318,7 @@ class Instance:
         rec.root = getattr(self.schedule, "root", None)
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
         rec.lag = self.lag
+        rec.work = self.work
         return rec
 
     def summary(self) -> str:

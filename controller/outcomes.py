@@ -38,3 +38,4 @@ class InstanceRecord:
     elem: int | None = None
     dtype: str | None = None  # the observer's name for it (c10's: "Float", "Half", ...), when it told
     lag: float | None = None  # the emulator's lag (native Book.lag); None: the delay model priced nothing
+    work: tuple[float, float] | None = None  # the measured local work its emulated ranks were charged (s/msg, s/byte)

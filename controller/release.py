@@ -54,6 +54,8 @@ class ReleaseTiming:
         # The topology's work wins; none given, the run measures the real rank's.
         self.meter = WorkMeter() if measure_work and not self.work.any() else None
         self.work_source = "topology" if self.work.any() else "measured" if self.meter is not None else "none"
+        # A replay's: (group, tag) -> the local work its live instance charged (set before the instance starts).
+        self.replayed: dict[tuple[str, int], HostWork] | None = None
         self._hops: dict[tuple, LinkClass] = {}
         self.lateness: list[float] = []
         self.late_count = 0
@@ -75,7 +77,8 @@ class ReleaseTiming:
         return self.whatif.hop(kind, link)
 
     def timeline(
-        self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float, group: str = "0", tag: int = 0
+        self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float, group: str = "0", tag: int = 0,
+        work: HostWork | None = None,
     ) -> Timeline | None:
         """The instance's timeline; `group` and `tag` name it (its recurring collective and
         the seed of its skew draws)."""
@@ -84,15 +87,15 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
                                 (group, str(kind), nbytes), f"{group}/{tag}")  # fmt: skip
-        return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(self.work))
+        return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(work or self.work))
 
-    def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int) -> float:
+    def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank
         emulated), modifiers included."""
         if not self.active:
             return 0.0
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        return schedule.rank_time(hop, rank, schedule.edge_work(self.work)) + self.whatif.entry_delay(kind)
+        return schedule.rank_time(hop, rank, schedule.edge_work(work or self.work)) + self.whatif.entry_delay(kind)
 
     def within_limit(self, what: str, seconds: float) -> float:
         """`seconds`, the model's time for `what`, if it is below the run's timeout."""
@@ -130,6 +133,20 @@ class ReleaseTiming:
         fitted = self.meter.add(Sample(1.0, reduced, trimmed_mean(turnarounds), len(turnarounds)))
         if fitted is not None:
             self.work = fitted  # instances that start from now on charge it
+
+    def work_at(self, group: str, tag: int) -> HostWork:
+        """The local work instance `tag` of `group` charges: a replay's recorded one for it,
+        else the run's now."""
+        if self.replayed is not None:
+            return self.replayed.pop((group, tag), HostWork())
+        return self.work
+
+    def measured(self, work: HostWork) -> tuple[float, float] | None:
+        """`work` as the trace records it, (seconds per message, per reduced byte), when it is
+        measured (or a replay of measured); None otherwise."""
+        if self.work_source not in ("measured", "recorded") or not work.any():
+            return None
+        return (work.message, work.reduce_per_byte)
 
     def work_summary(self) -> dict:
         """Where the emulated ranks' local work came from, and what it is (the trace's footer)."""

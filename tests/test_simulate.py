@@ -14,7 +14,8 @@ def live_trace(tmp_path_factory):
     from conftest import nbx
 
     trace = tmp_path_factory.mktemp("simulate") / "live.jsonl"
-    res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "6")
+    # 14 steps: past the local-work meter's first fit, so later instances charge measured work
+    res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "14")
     assert res.rc == 0, res.err[-2000:]
     return trace
 
@@ -29,7 +30,7 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
         out = tmp_path / f"sim{n}.jsonl"
         res = run("simulate", str(live_trace), "--nnodes", str(n), "--trace", str(out))
         assert res.rc == 0, res.err
-        assert f"world size      {n}" in res.out and "optimizer steps 6" in res.out
+        assert f"world size      {n}" in res.out and "optimizer steps 14" in res.out
         sims[n] = (iteration_ms(res.out), out)
         doc = load(out)
         live = load(live_trace)
@@ -40,6 +41,10 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
         assert [k for k, _ in got] == [k for k, _ in want]
         # The simulated rank lives the model's time plus one charge per kind: the recorded rank's own cost.
         assert_charged(doc, {"allreduce", "allgather"})
+        if n == 8:  # each instance charges the local work its live one did: the same model, line by line
+            rings = lambda d: [(i["kind"], i.get("work"), round(i["model_us"], 3))  # noqa: E731
+                               for i in d["instances"] if i["kind"] in ("allreduce", "allgather")]  # fmt: skip
+            assert rings(doc) == rings(live) and any(w for _, w, _ in rings(live)), rings(live)
     assert sims[8][0] < sims[64][0] < sims[1024][0]  # rings grow with the world under alpha-beta
     # The simulated trace is a program too: replayed at its own size, it gives itself back.
     res = run("simulate", str(sims[64][1]), "--nnodes", "64")

@@ -213,8 +213,9 @@ def test_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
 def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind, work):
     """A real rank that runs Gloo's program at once (a step's send leaves when the
     receives up to two steps back are in and worked on, as an emulated rank's would)
-    ends when `rank_time` says, small tensors in large worlds included, whose last
-    segments are empty; the last step's arrival is `free_time`."""
+    ends when `rank_time` says: its last receive in, or its last send gone, small
+    tensors in large worlds included, whose last segments are empty; the last step's
+    arrival is `free_time`."""
     rng = random.Random(7)
     hop = LinkClass("hop", 1e9, 20e-6)
     checked = 0
@@ -228,12 +229,14 @@ def test_ring_rank_time_is_the_timeline_with_a_punctual_real_rank(kind, work):
         sends = {m.step for m in sched.sends(r)}
         recvs = {m.step: m.peer for m in sched.recvs(r)}
         arrived: dict[int, float] = {}
+        left = 0.0  # its last send's
         for t in range(max(sends | set(recvs)) + 1):
             if t in sends:
-                tl.real_sent(r, t, max([0.0] + [a + work for s, a in arrived.items() if s <= t - 2]))
+                left = max([0.0] + [a + work for s, a in arrived.items() if s <= t - 2])
+                tl.real_sent(r, t, left)
             if t in recvs:
                 arrived[t] = tl.arrival(recvs[t], t)
-        assert max(arrived.values()) == pytest.approx(sched.rank_time(hop, r, work), rel=1e-9), (w, r)
+        assert max(*arrived.values(), left) == pytest.approx(sched.rank_time(hop, r, work), rel=1e-9), (w, r)
         final = sched.ring_steps - 1 if kind == "allreduce" else 2 * (w - 1) - 1
         if final in arrived:  # the ring's last step is not empty
             assert arrived[final] == pytest.approx(sched.free_time(hop, work), rel=1e-9), (w, r)

@@ -269,10 +269,14 @@ class RingAllreduce:
         return self._arrival(hop, steps - 1, work) if steps else 0.0
 
     def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
-        """When `rank`'s last receive arrives: a rank whose last segments are empty (a
-        small tensor in a large world) is done before the instance is."""
-        recvs = self.recvs(rank)
-        return self._arrival(hop, recvs[-1].step, work) if recvs else 0.0
+        """When `rank`'s last receive arrives, or its last send leaves (after the receive
+        two steps back and one edge of work: a rank whose last segments to receive are
+        empty still forwards), whichever is later; a small tensor in a large world leaves
+        a rank done before the instance is."""
+        recvs, sends = self.recvs(rank), self.sends(rank)
+        last_recv = self._arrival(hop, recvs[-1].step, work) if recvs else 0.0
+        s = sends[-1].step if sends else 0
+        return max(last_recv, s // 2 * (self.pace(hop) + work))
 
 
 # ---------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class Op:
     end: float
     group: str = "0"
     world: int = 0  # its group's size, recorded
+    work: HostWork | None = None  # the measured local work its live run charged (its trace line's), if any
     free: bool = False  # entered without waiting for the collective before it (see `mark_free`)
 
 
@@ -102,11 +103,22 @@ def program_of(doc: dict) -> Program:
             groups[rec["group"]] = tuple(doc["groups"][rec["group"]])
         elem = rec["nbytes"] // rec["numel"] if rec.get("numel") else None
         ops.append(Op(Kind(rec["kind"]), rec["nbytes"], elem, rec["root"], times[0] * 1e-6, times[1] * 1e-6,
-                      rec["group"], rec["world"]))  # fmt: skip
+                      rec["group"], rec["world"], work_of(rec.get("work"))))  # fmt: skip
     ops.sort(key=lambda o: o.start)
     steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
     mark_free(ops, steps)
     return Program(rank, doc["world_size"], ops, steps, skipped, groups)
+
+
+def work_of(line: dict | None) -> HostWork | None:
+    """An instance line's charged local work (`work`: message_us, reduce_ns_per_byte)."""
+    if not line:
+        return None
+    try:
+        per_byte = float(line["reduce_ns_per_byte"]) * 1e-9
+        return HostWork(float(line["message_us"]) * 1e-6, 1.0 / per_byte if per_byte > 0 else math.inf)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, topology.TopologyError) as exc:
+        raise SimulateError(f"an instance's local work is damaged: {exc}") from None
 
 
 def mark_free(ops: list[Op], steps: list[float]) -> None:
@@ -227,6 +239,7 @@ def simulate(
     ending `costs` later for the real rank than the network lets it. `on_record(rec,
     open_entries)` sees each finished instance, with the simulated rank's entry into
     those still in flight (TraceWriter.instance's watermark)."""
+    from neuronabox.controller.dialects.gloo.protocol import GLOO
     from neuronabox.controller.dialects.gloo.virtual import VirtualRun
 
     rank = prog.rank if rank is None else rank
@@ -249,6 +262,11 @@ def simulate(
             on_record(rec, run.engine.open_entries())
 
     groups = scaled_groups(prog, world, rank)
+    # Each instance charges the measured local work its live run charged (its line's `work`),
+    # unless the topology gives local work of its own, which wins as it did live.
+    replayed_work = not timing.work.any() and any(op.work for op in prog.ops)
+    if replayed_work:
+        timing.work_source, timing.replayed = "recorded", {}
     run = VirtualRun(world, [rank], timing, on_complete=complete, subgroups=groups)
     ops = prog.ops
     ends: list[tuple[float, float] | None] = [None] * len(ops)
@@ -259,8 +277,11 @@ def simulate(
         size = len(groups[op.group]) if op.group in groups else world
         sched, meta = schedule_for(op, op.world or prog.world, size)
         starts[i] = at
-        run.start(op.kind, sched, at, sched.edge_work(timing.work), meta, lambda sim, i=i: finished(i, sim), op.group,
-                  getattr(sched, "nbytes", 0))  # fmt: skip
+        work = (op.work or HostWork()) if replayed_work else timing.work
+        sim = run.start(op.kind, sched, at, sched.edge_work(work), meta, lambda sim, i=i: finished(i, sim), op.group,
+                        getattr(sched, "nbytes", 0))  # fmt: skip
+        if replayed_work:  # the instance charges what its live one charged
+            timing.replayed[op.group, GLOO.classify(sim.slot)[1]] = work
         nxt = i + 1
         if nxt < len(ops):
             after_end, offset = follows(op, ops[nxt])
@@ -333,25 +354,7 @@ def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, mo
         whatif = WhatIf.from_specs(doc.get("inject", []) if inject is None else inject)
     except (topology.TopologyError, WhatIfError, KeyError, ValueError) as exc:
         raise SimulateError(str(exc)) from None
-    timing = ReleaseTiming(model, whatif, skew=skew)
-    measured = recorded_work(doc) if not topology_name and not timing.work.any() else None
-    if measured is not None:  # the live run charged its emulated ranks this: so does its replay
-        timing.work, timing.work_source = measured, "recorded"
-    return timing, topo, model_name, whatif
-
-
-def recorded_work(doc: dict) -> HostWork | None:
-    """The local work a live run measured on its real rank and charged its emulated ranks
-    (its footer's `local_work`), or None."""
-    lw = doc.get("local_work") or {}
-    if lw.get("source") != "measured":
-        return None
-    try:
-        gbps = lw.get("reduce_gbps")
-        return HostWork(message=float(lw["message_us"]) * 1e-6,
-                        reduce_bandwidth=float(gbps) * 1e9 if gbps else math.inf)  # fmt: skip
-    except (KeyError, TypeError, ValueError, topology.TopologyError) as exc:
-        raise SimulateError(f"the trace's local_work is damaged: {exc}") from None
+    return ReleaseTiming(model, whatif, skew=skew), topo, model_name, whatif
 
 
 def run_simulation(

@@ -110,6 +110,7 @@ class Record(Protocol):
     elem: int | None
     dtype: str | None
     lag: float | None
+    work: tuple[float, float] | None  # measured local work charged: (seconds per message, seconds per reduced byte)
 
 
 def instance_line(rec: Record, us) -> dict:
@@ -134,6 +135,7 @@ def instance_line(rec: Record, us) -> dict:
         "geometry": rec.geometry,
         "loop_cpu_s": rec.loop_cpu,
         **({"lag_us": rec.lag * 1e6} if rec.lag is not None else {}),
+        **({"work": {"message_us": rec.work[0] * 1e6, "reduce_ns_per_byte": rec.work[1] * 1e9}} if rec.work else {}),
     }
 
 
