@@ -148,3 +148,13 @@ class Live:
 @pytest.fixture
 def run():
     return nbx
+
+
+@pytest.fixture(scope="session")
+def live_trace(tmp_path_factory):
+    """One live run's trace for the replays (simulate, the sweeps): the example at 8 nodes,
+    14 steps, past the local-work meter's first fit, so later instances charge measured work."""
+    trace = tmp_path_factory.mktemp("simulate") / "live.jsonl"
+    res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "14")
+    assert res.rc == 0, res.err[-2000:]
+    return trace

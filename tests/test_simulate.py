@@ -1,23 +1,16 @@
 """`neuronabox simulate`: a recorded run's real rank replayed through the engine in
 virtual time at any world size, running no process of the job."""
 
+import csv
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLE
 
 from neuronabox.trace.records import load
-
-
-@pytest.fixture(scope="module")
-def live_trace(tmp_path_factory):
-    from conftest import nbx
-
-    trace = tmp_path_factory.mktemp("simulate") / "live.jsonl"
-    # 14 steps: past the local-work meter's first fit, so later instances charge measured work
-    res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "14")
-    assert res.rc == 0, res.err[-2000:]
-    return trace
 
 
 def iteration_ms(out: str) -> float:
@@ -116,14 +109,45 @@ def test_whatif_sweeps_the_world_in_simulation(run, live_trace, tmp_path):
     res = run("whatif", "--simulate", str(live_trace), "--sweep", "nnodes=16,256,4096", "--out", str(prefix))
     assert res.rc == 0, res.err
     rows = (tmp_path / "scale.csv").read_text().splitlines()
-    assert rows[0] == "nnodes,nnodes_value,iteration_s,communication_share"
-    values = [tuple(map(float, r.split(",")[1:])) for r in rows[1:]]
+    assert rows[0] == "nnodes,nnodes_value,iteration_s,communication_share,status,cause,trace,log"
+    values = [tuple(map(float, r.split(",")[1:4])) for r in rows[1:]]
+    assert all(r.split(",")[4] == "ok" for r in rows[1:])
     assert [v[0] for v in values] == [16, 256, 4096]
     assert values[0][1] < values[1][1] < values[2][1]  # iteration time grows with the world
     assert values[0][2] < values[2][2] <= 1.0  # and communication takes a growing share of it
     assert (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
     for n, label in enumerate(("16", "256", "4096")):  # each value's trace is kept
         assert load(tmp_path / f"scale-{n}-{label}.jsonl")["world_size"] == int(label)
+
+
+def test_a_failed_point_is_a_row_and_a_second_run_resumes(run, live_trace, tmp_path):
+    """A point that fails is a row with its cause, not a lost sweep (exit 1); run again, the
+    sweep skips the points its table holds done and runs the failed one again."""
+    prefix = tmp_path / "sweep"
+    argv = ("whatif", "--simulate", str(live_trace), "--sweep", "nnodes=8,300000", "--out", str(prefix))
+    res = run(*argv)
+    assert res.rc == 1 and "1 point(s) failed" in res.out, res.out + res.err
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["nnodes"], r["status"]) for r in rows] == [("8", "ok"), ("300000", "failed")]
+    assert "past the largest the tool runs" in rows[1]["cause"] and rows[0]["trace"].endswith("sweep-0-8.jsonl")
+    kept = Path(rows[0]["trace"]).stat().st_mtime_ns
+    res = run(*argv)
+    assert res.rc == 1 and "resuming: 1 of 2 points" in res.out, res.out
+    rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
+    assert [(r["nnodes"], r["status"]) for r in rows] == [("8", "ok"), ("300000", "failed")]
+    assert Path(rows[0]["trace"]).stat().st_mtime_ns == kept  # not run again
+
+
+def test_an_executor_that_cannot_run_is_one_line(run, live_trace, tmp_path):
+    argv = ["whatif", "--simulate", str(live_trace), "--sweep", "nnodes=8", "--out", str(tmp_path / "x")]
+    res = run(*argv, "--executor", "dask")
+    assert res.rc == 2 and "--executor is local or ray" in res.last_error
+    # Ray not installed (its import fails, as on a machine without the extra): how to get it, exit 2.
+    ray_argv = [*argv, "--executor", "ray"]
+    hide = f"import sys; sys.modules['ray'] = None; from neuronabox.cli import main; sys.exit(main({ray_argv!r}))"
+    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "pip install 'neuronabox[ray]'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.csv").exists()
 
 
 def test_a_world_sweep_needs_the_simulation(run):

@@ -1,0 +1,82 @@
+"""Sweeps on a real Ray cluster: a head the test starts on this machine (`ray start
+--head`, one CPU, so the points run one after another) and stops at the end. The sweep
+is the stock `neuronabox whatif --executor ray --ray-address`, each point a Ray task.
+
+Ray's own servers bind as Ray 2.60 binds them (its GCS on every interface, whatever
+--node-ip-address says); the head lives only for this module."""
+
+from __future__ import annotations
+
+import csv
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from neuronabox.launcher.ports import free_port
+
+pytest.importorskip("ray", reason="Ray is the dev extra's (pip install -e '.[dev]')")
+
+RAY = str(Path(sys.executable).parent / "ray")
+# Ray's token authentication, with a token of the test's own that the head and the sweep share.
+ENV = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    temp = tempfile.mkdtemp(prefix="/tmp/nbx-ray-")  # short: Ray's socket paths live under it
+    port = free_port()
+    cmd = [RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+           "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"]  # fmt: skip
+    subprocess.run(cmd, env=ENV, check=True, capture_output=True, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def ok_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if r.get("status") == "ok"]
+
+
+def test_rows_come_as_points_finish_and_a_killed_sweep_resumes(ray_head, live_trace, tmp_path):
+    """Three simulated world sizes on the head: the sweep is killed (SIGKILL, its whole
+    process group) as soon as its table holds one row, so the rows are written as the
+    points finish; run again, it completes the other two without redoing the first."""
+    out = tmp_path / "scale"
+    table = tmp_path / "scale.csv"
+    argv = [sys.executable, "-m", "neuronabox.cli", "whatif", "--simulate", str(live_trace), "--sweep",
+            "nnodes=8,4096,2048", "--out", str(out), "--executor", "ray", "--ray-address", ray_head]  # fmt: skip
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not ok_rows(table):
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no row within 120 s"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    first = ok_rows(table)
+    assert len(first) == 1, first  # the others were still running or waiting when it died
+    kept = Path(first[0]["trace"]).stat().st_mtime_ns
+
+    again = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming: 1 of 3 points" in again.stdout, again.stdout
+    rows = ok_rows(table)
+    assert sorted(int(r["nnodes"]) for r in rows) == [8, 2048, 4096]
+    assert rows[0] == first[0] and Path(first[0]["trace"]).stat().st_mtime_ns == kept  # not redone
+    for r in rows:
+        assert Path(r["trace"]).exists() and float(r["iteration_s"]) > 0
+    assert Path(f"{out}.png").read_bytes()[:4] == b"\x89PNG"
