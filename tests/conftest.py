@@ -157,4 +157,5 @@ def live_trace(tmp_path_factory):
     trace = tmp_path_factory.mktemp("simulate") / "live.jsonl"
     res = nbx("torchrun", "--nnodes", "8", "--trace", str(trace), EXAMPLE, "--steps", "14")
     assert res.rc == 0, res.err[-2000:]
+    trace.with_suffix(".out").write_text(res.out)  # its summary, beside it
     return trace

@@ -3,7 +3,6 @@ virtual time at any world size, running no process of the job."""
 
 import csv
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -120,6 +119,21 @@ def test_whatif_sweeps_the_world_in_simulation(run, live_trace, tmp_path):
         assert load(tmp_path / f"scale-{n}-{label}.jsonl")["world_size"] == int(label)
 
 
+def test_emulated_ranks_are_charged_the_real_ranks_own_work(live_trace):
+    """On a preset (no local work) the live run measured the real rank's own work per
+    message from its ring collectives and charged it to the emulated ranks: later
+    instances' model carries it, the footer and the summary say what it is and whence."""
+    doc = load(live_trace)
+    work = doc["local_work"]
+    assert work["source"] == "measured" and work["samples"] >= 8 and work["message_us"] > 1.0, work
+    rings = [i for i in doc["instances"] if i["kind"] == "allreduce"]
+    first, last = rings[0], rings[-1]
+    assert "work" not in first and last["work"]["message_us"] > 1.0  # before the first fit, and after it
+    assert last["model_us"] > first["model_us"] + last["work"]["message_us"]
+    out = live_trace.with_suffix(".out").read_text()
+    assert re.search(r"local work +[0-9.]+ us per message, .*the real rank's own, measured", out), out
+
+
 def test_a_failed_point_is_a_row_and_a_second_run_resumes(run, live_trace, tmp_path):
     """A point that fails is a row with its cause, not a lost sweep (exit 1); run again, the
     sweep skips the points its table holds done and runs the failed one again."""
@@ -138,15 +152,17 @@ def test_a_failed_point_is_a_row_and_a_second_run_resumes(run, live_trace, tmp_p
     assert Path(rows[0]["trace"]).stat().st_mtime_ns == kept  # not run again
 
 
-def test_an_executor_that_cannot_run_is_one_line(run, live_trace, tmp_path):
+def test_an_executor_that_cannot_run_is_one_line(live_trace, tmp_path, capsys, monkeypatch):
+    from neuronabox.cli import main
+
     argv = ["whatif", "--simulate", str(live_trace), "--sweep", "nnodes=8", "--out", str(tmp_path / "x")]
-    res = run(*argv, "--executor", "dask")
-    assert res.rc == 2 and "--executor is local or ray" in res.last_error
+    assert main([*argv, "--executor", "dask"]) == 2
+    assert "--executor is local or ray" in capsys.readouterr().err
     # Ray not installed (its import fails, as on a machine without the extra): how to get it, exit 2.
-    ray_argv = [*argv, "--executor", "ray"]
-    hide = f"import sys; sys.modules['ray'] = None; from neuronabox.cli import main; sys.exit(main({ray_argv!r}))"
-    proc = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "pip install 'neuronabox[ray]'" in proc.stderr, proc.stderr
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main([*argv, "--executor", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'neuronabox[ray]'" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "x.csv").exists()
 
 
