@@ -186,3 +186,64 @@ def test_the_trace_is_schema_2_on_one_clock(two_rank_trace):
         assert gaps and all(b > a for a, b in gaps)
         for a, b in gaps:
             assert not any(x < b and a < y for x, y in busy)
+
+
+INSPECTOR_KEYS = {
+    "header": {"id", "rank", "n_ranks", "nnodes"},
+    "metadata": {"inspector_output_format_version", "git_rev", "rec_mechanism", "dump_timestamp_us", "hostname",
+                 "pid"},
+    "coll_perf": {"coll", "coll_sn", "coll_msg_size_bytes", "coll_exec_time_us", "coll_timing_source",
+                  "coll_algobw_gbs", "coll_busbw_gbs"},
+}  # fmt: skip
+
+
+def in_process(*argv: str) -> int:
+    """The CLI's entry point in this process (an interpreter's start is most of a process run)."""
+    from neuronabox.cli import main
+
+    return main(list(argv))
+
+
+def test_nccl_inspector_lines_are_v4_with_each_real_ranks_time(two_rank_trace, tmp_path):
+    """One v4.0 object per collective per real rank, its time the rank's span in the
+    trace, its bandwidths nccl-tests' (busbw = algbw x the collective's bus factor)."""
+    out = tmp_path / "inspector.jsonl"
+    assert in_process("export", str(two_rank_trace), "--format", "nccl-inspector", "--out", str(out)) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    doc = load(two_rank_trace)
+    assert len(rows) == sum(len(i["per_rank"]) for i in doc["instances"])
+    spans = [(int(r), b - a) for i in doc["instances"] for r, (a, b) in sorted(i["per_rank"].items(),
+                                                                               key=lambda kv: int(kv[0]))]  # fmt: skip
+    for row, (rank, span) in zip(rows, spans, strict=True):
+        assert {k: set(v) for k, v in row.items()} == INSPECTOR_KEYS
+        assert row["metadata"]["inspector_output_format_version"] == "v4.0"
+        perf, head = row["coll_perf"], row["header"]
+        assert head["rank"] == rank and head["n_ranks"] == 8 and head["nnodes"] == 8 and head["id"].startswith("0x")
+        assert perf["coll_exec_time_us"] == pytest.approx(span, abs=1e-3)
+        assert perf["coll_timing_source"] == "neuronabox_real_rank"
+        if perf["coll"] == "AllReduce" and perf["coll_algobw_gbs"] > 1e-3:
+            assert perf["coll_busbw_gbs"] == pytest.approx(perf["coll_algobw_gbs"] * 2 * 7 / 8, rel=1e-3)
+    assert {r["coll_perf"]["coll"] for r in rows} >= {"AllReduce", "AllGather", "Broadcast"}
+    assert len({r["header"]["id"] for r in rows}) == 1  # one communicator: the default group
+
+
+def test_prometheus_gauges_parse_with_prometheus_clients_parser(two_rank_trace, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = tmp_path / "nccl.prom"
+    assert in_process("export", str(two_rank_trace), "--format", "prometheus", "--out", str(out)) == 0
+    families = {f.name: f for f in text_string_to_metric_families(out.read_text())}
+    assert set(families) == {"nccl_algorithm_bandwidth_gbs", "nccl_bus_bandwidth_gbs",
+                             "nccl_collective_exec_time_microseconds"}  # fmt: skip
+    last = {}  # (comm, rank) -> the latest collective's line, as the Inspector's Prometheus mode keeps
+    doc = load(two_rank_trace)
+    for inst in doc["instances"]:
+        for r, (a, b) in inst["per_rank"].items():
+            last[int(r)] = (inst, b - a)
+    for fam in families.values():
+        assert fam.type == "gauge" and len(fam.samples) == 2  # rank 0 and rank 3, one communicator
+    for sample in families["nccl_collective_exec_time_microseconds"].samples:
+        inst, span = last[int(sample.labels["rank"])]
+        assert sample.value == pytest.approx(span, rel=1e-5)
+        assert sample.labels["coll_sn"] == str(inst["seq"]) and sample.labels["nranks"] == "8"
+        assert sample.labels["coll_timing_source"] == "neuronabox_real_rank"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronabox.trace import records
+from neuronabox.trace import inspector, records
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "nccl_store_allreduce.py"
@@ -61,6 +61,10 @@ def test_torchrun_plays_the_emulated_ranks_of_an_nccl_communicator(tmp_path, fla
         assert inst["world"] == world
     assert doc["complete"] and doc["state"] == "stopped" and doc["stopped_because"] == "job finished"
     assert "allreduce" in out.stdout  # the summary's per-kind table
+    # An NCCL trace in the Inspector's form: NCCL's own collective names, a row per real rank.
+    rows = list(inspector.records(doc))
+    assert [r["coll_perf"]["coll"] for r in rows] == ["AllReduce"] * 2 * len(real)
+    assert {r["header"]["rank"] for r in rows} == set(real) and rows[-1]["coll_perf"]["coll_msg_size_bytes"] == 400_000
 
 
 def test_a_script_that_makes_a_gloo_group_under_backend_nccl_ends_the_run_naming_it():

@@ -34,7 +34,8 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
         # The simulated rank lives the model's time plus one charge per kind: the recorded rank's own cost.
         assert_charged(doc, {"allreduce", "allgather"})
         if n == 8:  # each instance charges the local work its live one did: the same model, line by line
-            rings = lambda d: [(i["kind"], i.get("work"), round(i["model_us"], 3))  # noqa: E731
+            rings = lambda d: [(i["kind"], i.get("work") and round(i["work"]["message_us"], 6),  # noqa: E731
+                                round(i["model_us"], 3))
                                for i in d["instances"] if i["kind"] in ("allreduce", "allgather")]  # fmt: skip
             assert rings(doc) == rings(live) and any(w for _, w, _ in rings(live)), rings(live)
     assert sims[8][0] < sims[64][0] < sims[1024][0]  # rings grow with the world under alpha-beta
@@ -134,19 +135,21 @@ def test_emulated_ranks_are_charged_the_real_ranks_own_work(live_trace):
     assert re.search(r"local work +[0-9.]+ us per message, .*the real rank's own, measured", out), out
 
 
-def test_a_failed_point_is_a_row_and_a_second_run_resumes(run, live_trace, tmp_path):
+def test_a_failed_point_is_a_row_and_a_second_run_resumes(live_trace, tmp_path, capsys):
     """A point that fails is a row with its cause, not a lost sweep (exit 1); run again, the
     sweep skips the points its table holds done and runs the failed one again."""
+    from neuronabox.cli import main
+
     prefix = tmp_path / "sweep"
-    argv = ("whatif", "--simulate", str(live_trace), "--sweep", "nnodes=8,300000", "--out", str(prefix))
-    res = run(*argv)
-    assert res.rc == 1 and "1 point(s) failed" in res.out, res.out + res.err
+    argv = ["whatif", "--simulate", str(live_trace), "--sweep", "nnodes=8,300000", "--out", str(prefix)]
+    assert main(argv) == 1
+    assert "1 point(s) failed" in capsys.readouterr().out
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [(r["nnodes"], r["status"]) for r in rows] == [("8", "ok"), ("300000", "failed")]
     assert "past the largest the tool runs" in rows[1]["cause"] and rows[0]["trace"].endswith("sweep-0-8.jsonl")
     kept = Path(rows[0]["trace"]).stat().st_mtime_ns
-    res = run(*argv)
-    assert res.rc == 1 and "resuming: 1 of 2 points" in res.out, res.out
+    assert main(argv) == 1
+    assert "resuming: 1 of 2 points" in capsys.readouterr().out
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [(r["nnodes"], r["status"]) for r in rows] == [("8", "ok"), ("300000", "failed")]
     assert Path(rows[0]["trace"]).stat().st_mtime_ns == kept  # not run again

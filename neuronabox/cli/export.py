@@ -1,4 +1,5 @@
-"""`neuronabox export`: a run's trace as Chrome JSON, Chakra, an nccl-tests table or a PNG."""
+"""`neuronabox export`: a run's trace as Chrome JSON, Chakra, an nccl-tests table, a PNG, or
+NCCL Inspector's JSON lines and Prometheus gauges."""
 
 from __future__ import annotations
 
@@ -8,23 +9,28 @@ from pathlib import Path
 
 from neuronabox.args import ArgParser
 from neuronabox.limits import output_problem
+from neuronabox.trace import inspector
 from neuronabox.trace import records as tracefile
 from neuronabox.trace.chrome import chrome
 from neuronabox.trace.nccl_tests import nccl_tests
 from neuronabox.trace.png import png
 
 NAME = "export"
-SUMMARY = "write a trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table or a PNG"
+SUMMARY = "write a trace as Chrome trace JSON, Chakra, an nccl-tests table, a PNG, or NCCL Inspector's output"
 
 
 def build_parser() -> ArgParser:
     p = ArgParser(
         prog="neuronabox export",
-        description="Write a run's trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table or a PNG.",
+        description="Write a run's trace as Chrome trace JSON, Chakra execution traces, an nccl-tests table, a PNG, "
+        "NCCL Inspector's JSON lines (output format v4.0: one object per collective per rank) or its Prometheus "
+        "gauges (the text format a node exporter's textfile collector reads).",
     )
     p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
-    p.add_argument("--format", required=True, choices=["chrome", "chakra", "png", "nccl-tests"])
-    p.add_argument("--out", help="output file (default: TRACE with .json, .png or .txt); chakra: a folder")
+    p.add_argument("--format", required=True, choices=["chrome", "chakra", "png", "nccl-tests", "nccl-inspector",
+                                                        "prometheus"])  # fmt: skip
+    p.add_argument("--out", help="output file (default: TRACE with .json, .png, .txt, .inspector.jsonl or .prom); "
+                   "chakra: a folder")
     p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")
     p.add_argument("--window", help="png: FROM,TO in ms from the first event")
     return p
@@ -55,7 +61,8 @@ def main(argv: list[str]) -> int:
 def _export(ns, doc: dict) -> int:
     if ns.format == "chakra":
         return _chakra(doc, Path(ns.out) if ns.out else Path(ns.trace).with_name(Path(ns.trace).stem + "-chakra"))
-    suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt"}[ns.format]
+    suffix = {"chrome": ".json", "png": ".png", "nccl-tests": ".txt", "nccl-inspector": ".inspector.jsonl",
+              "prometheus": ".prom"}[ns.format]  # fmt: skip
     if ns.format == "nccl-tests" and ns.out is None:
         sys.stdout.write(nccl_tests(doc))
         return 0
@@ -70,6 +77,12 @@ def _export(ns, doc: dict) -> int:
 def write(ns, doc: dict, out: Path) -> int:
     if ns.format == "nccl-tests":
         out.write_text(nccl_tests(doc))
+    elif ns.format == "nccl-inspector":
+        with out.open("w") as f:
+            for obj in inspector.records(doc):
+                f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    elif ns.format == "prometheus":
+        out.write_text(inspector.prometheus(doc))
     elif ns.format == "chrome":
         out.write_text(json.dumps(chrome(doc, ns.sample_emulated)))
     else:
