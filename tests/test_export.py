@@ -12,6 +12,32 @@ REQUIRED_ARGS = {"Collective name", "In msg nelems", "Out msg nelems", "dtype", 
                  "Process Group Name", "Process Group Ranks", "Seq"}  # fmt: skip
 
 
+def in_process(*argv: str) -> int:
+    """The CLI's entry point in this process (an interpreter's start is most of a process run)."""
+    from neuronabox.cli import main
+
+    return main(list(argv))
+
+
+@pytest.fixture
+def run(capsys):
+    """`neuronabox export` in this process (it runs no job); anything else as a process."""
+    from conftest import Result, nbx
+
+    def call(*argv: str, **kw) -> Result:
+        if not argv or argv[0] != "export":
+            return nbx(*argv, **kw)
+        capsys.readouterr()
+        try:
+            rc = in_process(*argv)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        out, err = capsys.readouterr()
+        return Result(rc, out, err, 0.0)
+
+    return call
+
+
 @pytest.fixture(scope="module")
 def two_rank_trace(tmp_path_factory):
     from conftest import nbx
@@ -197,11 +223,6 @@ INSPECTOR_KEYS = {
 }  # fmt: skip
 
 
-def in_process(*argv: str) -> int:
-    """The CLI's entry point in this process (an interpreter's start is most of a process run)."""
-    from neuronabox.cli import main
-
-    return main(list(argv))
 
 
 def test_nccl_inspector_lines_are_v4_with_each_real_ranks_time(two_rank_trace, tmp_path):

@@ -4,12 +4,35 @@ virtual time at any world size, running no process of the job."""
 import csv
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE
+from conftest import EXAMPLE, Result, nbx
 
 from neuronabox.trace.records import load
+
+
+@pytest.fixture
+def run(capsys):
+    """`neuronabox simulate` and `whatif --simulate` through the CLI's entry point in this
+    process (no job runs in them, and an interpreter's start was most of each call's
+    time); anything else as a process (conftest's nbx)."""
+    from neuronabox.cli import main
+
+    def call(*argv: str, **kw) -> Result:
+        if not argv or not (argv[0] == "simulate" or (argv[0] == "whatif" and "--simulate" in argv)):
+            return nbx(*argv, **kw)
+        capsys.readouterr()
+        t0 = time.monotonic()
+        try:
+            rc = main(list(argv))
+        except SystemExit as exc:  # argparse: --help, a bad flag
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        out, err = capsys.readouterr()
+        return Result(rc, out, err, time.monotonic() - t0)
+
+    return call
 
 
 def iteration_ms(out: str) -> float:
