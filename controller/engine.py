@@ -179,6 +179,7 @@ class Instance:
             clock,
             payload=self._payload if asked else None,
             extend=self._extend if unrooted else None,
+            turnarounds=timing is not None and timing.meter is not None,
         )
         self.payloads.lookup = self._received
         self._load_cached(sched)
@@ -195,8 +196,9 @@ class Instance:
         natively into every instance of that shape (controller/book.py, ProgramCache)."""
         g = self.group
         deps = self._input_deps()
-        key = (g.name, g.world, g.real.members, self.kind, type(sched).__name__, getattr(sched, "geo", None),
-               getattr(sched, "root", None), self.nbytes, self.geometry, deps)  # fmt: skip
+        # The geometry string names a broadcast's or rooted collective's root and a ring's
+        # segments; a ring's exact boundaries (its element size) are its RingGeometry.
+        key = (g.name, g.real.members, self.kind, getattr(sched, "geo", None), self.nbytes, self.geometry, deps)
         program, index = self.engine.programs.program(
             key, lambda prog, idx: load_program(prog, sched, g.real, idx, sched.sends, sched.recvs, deps)
         )
@@ -295,9 +297,9 @@ class Instance:
             t[0], t[1] = min(t[0], first), last
         self.account.boundary = book.boundary
         timing = self.engine.timing
-        if timing is not None and timing.meter is not None:
-            self.turnarounds = book.take_turnarounds()
         if timing is not None:
+            if timing.meter is not None:
+                self.turnarounds = book.take_turnarounds()
             for late in book.take_lateness():
                 timing.record_lateness(late)
             # no emulated send to a real rank: nothing the controller released could hold one up

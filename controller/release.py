@@ -87,7 +87,8 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
                                 (group, str(kind), nbytes), f"{group}/{tag}")  # fmt: skip
-        return timeline_for(schedule, hop, entry, real, self.modeled, schedule.edge_work(work or self.work))
+        edge = schedule.edge_work(self.work if work is None else work)
+        return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank
@@ -95,7 +96,8 @@ class ReleaseTiming:
         if not self.active:
             return 0.0
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        return schedule.rank_time(hop, rank, schedule.edge_work(work or self.work)) + self.whatif.entry_delay(kind)
+        edge = schedule.edge_work(self.work if work is None else work)
+        return schedule.rank_time(hop, rank, edge) + self.whatif.entry_delay(kind)
 
     def within_limit(self, what: str, seconds: float) -> float:
         """`seconds`, the model's time for `what`, if it is below the run's timeout."""

@@ -113,20 +113,26 @@ class CollectiveFormulas:
 
     def _nccl_time(self, kind: str, nbytes: int, w: int, a: float, b: float) -> float:
         """NCCL's tuning model: latency per step, bytes at the bus bandwidth."""
-        if kind == Kind.BARRIER:
-            kind, nbytes = Kind.ALLREDUCE, 4
-        if kind == Kind.ALLREDUCE and self.formulas == "nccl-tree":
-            return 2 * (w.bit_length() - 1) * a + 2 * nbytes / b
-        if kind == Kind.ALLREDUCE:
-            nsteps = 2 * (w - 1)
-        elif kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER):
-            nsteps = w - 1
-        elif kind in (Kind.BROADCAST, Kind.REDUCE):
-            nsteps = w
-        else:
-            raise ValueError(f"no NCCL formula for collective kind {kind!r}")
-        bus_to_alg = w / nsteps
-        return nsteps * a + nbytes / (b * bus_to_alg)
+        steps, moved = nccl_terms(self.formulas, kind, w, nbytes)
+        return steps * a + moved / b
+
+
+def nccl_terms(formulas: str, kind: str, w: int, nbytes: int) -> tuple[float, float]:
+    """NCCL's formula for `kind` over `w` ranks as (steps, bytes over the link): its time is
+    steps x alpha + bytes / beta (linear in both, so `calibrate --from-nccl-tests` fits them)."""
+    if kind == Kind.BARRIER:
+        kind, nbytes = Kind.ALLREDUCE, 4
+    if kind == Kind.ALLREDUCE and formulas == "nccl-tree":
+        return 2 * (w.bit_length() - 1), 2 * nbytes
+    if kind == Kind.ALLREDUCE:
+        nsteps = 2 * (w - 1)
+    elif kind in (Kind.ALLGATHER, Kind.REDUCE_SCATTER):
+        nsteps = w - 1
+    elif kind in (Kind.BROADCAST, Kind.REDUCE):
+        nsteps = w
+    else:
+        raise ValueError(f"no NCCL formula for collective kind {kind!r}")
+    return nsteps, nbytes * nsteps / w  # the bytes at the bus bandwidth: algbw x nsteps / w
 
 
 def nccl_ring(topology: Topology) -> CollectiveFormulas:

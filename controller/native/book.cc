@@ -185,7 +185,9 @@ void Book::crossed(int64_t real, double now, Actions& out) {
 void Book::on_send_ready(size_t pair, uint64_t length, double now, Actions& out) {
   PairBook& p = pairs_.at(pair);
   enter(p.real, now);
-  if (auto w = last_write_.find(p.real); w != last_write_.end()) turnarounds_.push_back(now - w->second);
+  if (time_turnarounds_) {
+    if (auto w = last_write_.find(p.real); w != last_write_.end()) turnarounds_.push_back(now - w->second);
+  }
   if (p.sends.empty() && !(extension_ && extension_->extend(pair, true) && !p.sends.empty())) {
     unexpected(p, "NOTIFY_SEND_READY", length, true);
   }
@@ -296,7 +298,7 @@ void Book::send(PendingSend& s, double now, Actions& out) {
   }
   p.port->send(slot_, std::move(payload));
   out.dirty.push_back(s.pair);
-  last_write_[p.real] = now;
+  if (time_turnarounds_) last_write_[p.real] = now;
   crossed(p.real, now, out);
 }
 

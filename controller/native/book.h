@@ -149,6 +149,8 @@ class Book {
   // The real ranks' turnarounds: for each of their send notices, how long after this
   // book's latest write to the same rank it came (its receive, its own work, its call to
   // send). Immune to when the emulated side released: the meter of local work reads it.
+  // Timed only when asked (a run that measures its local work): nothing per message else.
+  void time_turnarounds() { time_turnarounds_ = true; }
   std::vector<double> take_turnarounds() { return std::move(turnarounds_); }
   // The instance is over: let go of the hooks (they hold its Python side).
   void drop_hooks() {
@@ -202,6 +204,7 @@ class Book {
   std::vector<double> lateness_;
   std::unordered_map<int64_t, double> last_write_;  // real rank -> this book's latest write to it
   std::vector<double> turnarounds_;
+  bool time_turnarounds_ = false;
   double lag_ = 0;
   bool lagged_ = false;
   int64_t boundary_ = 0, remaining_ = 0;

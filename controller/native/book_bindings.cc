@@ -526,12 +526,14 @@ PyMethodDef core_methods[] = {
 
 // -- Book ------------------------------------------------------------------------------
 int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
-  static const char* kw[] = {"core", "owner", "name", "slot", "timeline", "payload", "extend", nullptr};
+  static const char* kw[] = {"core",    "owner",  "name",        "slot", "timeline",
+                             "payload", "extend", "turnarounds", nullptr};
   PyObject *core, *owner, *timeline, *payload = Py_None, *extend = Py_None;
   const char* name;
   unsigned long long slot;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OsKO|OO", const_cast<char**>(kw), &CoreType, &core, &owner,
-                                   &name, &slot, &timeline, &payload, &extend)) {
+  int turnarounds = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OsKO|OOp", const_cast<char**>(kw), &CoreType, &core, &owner,
+                                   &name, &slot, &timeline, &payload, &extend, &turnarounds)) {
     return -1;
   }
   auto* self = reinterpret_cast<BookObject*>(obj);
@@ -554,6 +556,7 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     std::shared_ptr<ProgramExtension> extension;
     if (extend != Py_None) extension = std::make_shared<PyExtension>(extend);
     self->book = new Book(name, slot, std::move(clock), std::move(source), std::move(extension));
+    if (turnarounds != 0) self->book->time_turnarounds();
     self->conns = new std::vector<PyObject*>();
     self->pairs = new std::vector<PairObject*>();
   } catch (const std::bad_alloc&) {

@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
         if ns.executor == "ray":
             rows = run_ray(todo, fn, args, ns.ray_address, cpus, on_start=progress.started)
         else:
-            rows = run_local(todo, lambda pt: (progress.started(1), fn(pt, *args))[1])
+            rows = run_local(todo, fn, args, on_start=progress.started)
         for row in rows:
             table.add(cells(row, simulated))
             failed += row.status != "ok"

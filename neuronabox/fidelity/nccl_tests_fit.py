@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronabox.delay_models.collective import nccl_terms
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import read_bounded
 from neuronabox.schedules import Kind
@@ -137,16 +138,6 @@ def _log(path: str, coll: Kind | None, ranks: set[int], hosts: dict[str, int], r
 
 
 # -- the fit -----------------------------------------------------------------------------
-def _terms(kind: Kind, model: str, world: int, nbytes: int) -> tuple[float, float]:
-    """(steps, bytes over the link) of NCCL's formula: time = steps*alpha + bytes/beta."""
-    w = world
-    if kind == Kind.ALLREDUCE and model == "nccl-tree":
-        return 2 * (w.bit_length() - 1), 2 * nbytes
-    steps = {Kind.ALLREDUCE: 2 * (w - 1), Kind.ALLGATHER: w - 1, Kind.REDUCE_SCATTER: w - 1,
-             Kind.BROADCAST: w, Kind.REDUCE: w}[kind]  # fmt: skip
-    return steps, nbytes * steps / w
-
-
 @dataclass
 class LinkFit:
     alpha: float  # seconds per step
@@ -170,7 +161,7 @@ class Fit:
         link = self.link_for(world)
         if link is None or world <= 1:
             return None
-        steps, moved = _terms(kind, self.model, world, nbytes)
+        steps, moved = nccl_terms(self.model, kind, world, nbytes)
         return steps * link.alpha + moved / link.beta
 
     def busbw(self, kind: Kind, world: int, nbytes: int) -> float | None:
@@ -217,7 +208,7 @@ def _fit_link(logs: list[Log], model: str, from_size: int) -> LinkFit | None:
         for r in lg.rows:
             if r.size < from_size or r.time_us <= 0:
                 continue
-            steps, moved = _terms(lg.coll, model, lg.world, r.size)
+            steps, moved = nccl_terms(model, lg.coll, lg.world, r.size)
             t = r.time_us * 1e-6
             a, b = steps / t, moved / t  # relative: each point weighs the same whatever its size
             saa, sab, sbb, sa, sb = saa + a * a, sab + a * b, sbb + b * b, sa + a, sb + b

@@ -89,9 +89,13 @@ def simulated_point(point: Point, key: str, source: str) -> Row:
 
 
 # -- executors ------------------------------------------------------------------------
-def run_local(points: list[Point], fn: Callable[[Point], Row]) -> Iterator[Row]:
+def run_local(points: list[Point], fn: Callable[..., Row], args: tuple,
+              on_start: Callable[[int], None] | None = None) -> Iterator[Row]:  # fmt: skip
+    """The points one after another in this process."""
     for p in points:
-        yield fn(p)
+        if on_start:
+            on_start(1)
+        yield fn(p, *args)
 
 
 def ray_available() -> bool:
@@ -139,19 +143,13 @@ def run_ray(points: list[Point], fn: Callable[..., Row], args: tuple, address: s
 
 def live_cpus(launch: list[str]) -> int:
     """What a live point holds: a core per real rank and one for the controller."""
-    nproc, real_nodes = 1, ["0"]
-    for flag, value in zip(launch, launch[1:], strict=False):
-        if flag in ("--nproc-per-node", "--nproc_per_node"):
-            nproc = int(value) if value.isdigit() else 1
-        elif flag == "--real-nodes":
-            real_nodes = value.split(",")
-    for arg in launch:
-        if arg.startswith("--nproc-per-node="):
-            value = arg.split("=", 1)[1]
-            nproc = int(value) if value.isdigit() else 1
-        elif arg.startswith("--real-nodes="):
-            real_nodes = arg.split("=", 1)[1].split(",")
-    return len(real_nodes) * nproc + 1
+    flags: dict[str, str] = {}
+    for k, arg in enumerate(launch):  # --flag value and --flag=value alike
+        name, eq, value = arg.partition("=")
+        flags[name.replace("_", "-")] = value if eq else (launch[k + 1] if k + 1 < len(launch) else "")
+    nproc = flags.get("--nproc-per-node", "1")
+    real_nodes = flags.get("--real-nodes", "0").split(",")
+    return len(real_nodes) * (int(nproc) if nproc.isdigit() else 1) + 1
 
 
 # -- the table ---------------------------------------------------------------------------
