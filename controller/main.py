@@ -68,7 +68,8 @@ class Controller:
         self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host)
         engine = driver.engine
         # Backend nccl: the default group is an NCCL communicator, played in a thread of its
-        # own; its collectives reach the recorder in the loop, as Gloo's do.
+        # own; its collectives reach the recorder in the loop, as Gloo's do. Every rank real
+        # (the all-real baseline): NCCL's ranks reach one another, the controller keeps the store.
         self.nccl = (
             TorchNcclComm(
                 cfg,
@@ -77,7 +78,7 @@ class Controller:
                 fail=self.fail,
                 log=self.log,
             )
-            if cfg.backend == "nccl"
+            if cfg.backend == "nccl" and len(cfg.real_ranks) < cfg.world_size
             else None
         )
         self.membership = Membership(

@@ -52,3 +52,21 @@ def test_the_controller_is_configured_from_the_job_by_the_same_names():
         mine, theirs = getattr(job, name), getattr(cfg, name)
         assert (list(mine) if isinstance(mine, tuple) else mine) == theirs, name
     assert cfg.delay_model == "zero" and cfg.timeout_s == 30.0 and cfg.lazy  # 100 ranks: lazy
+
+
+def test_a_controller_that_died_of_a_traceback_is_named_by_its_last_line():
+    """The launcher's one line for a controller that exited at start: its `error:` line, or
+    else the exception a traceback ended on, never just an exit status when the log says more."""
+    run = Run(cli_job("--nnodes", "2", EXAMPLE))
+    log = run.dir / "controller.log"
+    try:
+        log.write_text('Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+                       "neuronabox.controller.dialects.nccl.errors.NcclError: every rank is real\n")  # fmt: skip
+        assert run.controller_cause() == "NcclError: every rank is real"
+        log.write_text("controller: error: --trace t.jsonl is being written by another run\n")
+        assert run.controller_cause() == "--trace t.jsonl is being written by another run"
+        log.write_text("")
+        assert run.controller_cause() == "the controller exited with status None"
+    finally:
+        log.unlink()
+        run.dir.rmdir()

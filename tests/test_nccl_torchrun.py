@@ -76,3 +76,12 @@ def test_a_script_that_makes_a_gloo_group_under_backend_nccl_ends_the_run_naming
     assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if line.startswith("neuronabox: error: ")]
     assert len(errors) == 1 and "real rank 0 made its default process group with Gloo" in errors[0], out.stderr
+
+
+def test_every_rank_real_is_the_baseline_the_controller_only_keeps_the_store_for(tmp_path):
+    """The all-real run of the same script (what emulation is measured against): NCCL's ranks
+    reach one another, the controller plays no communicator and sees no collective."""
+    out, doc = torchrun(tmp_path, "--nnodes", "2", "--real-nodes", "0,1", counts=(300,))
+    assert "ok 0" in out.stdout and "ok 1" in out.stdout, out.stdout[-2000:]
+    assert doc["real_ranks"] == [0, 1] and doc["instances"] == []
+    assert doc["complete"] and doc["stopped_because"] == "job finished"

@@ -174,6 +174,9 @@ class Run:
         errs = [ln for ln in lines if "error:" in ln]
         if errs:
             return errs[-1].split("error: ", 1)[-1]
+        if lines and lines[-1][:1].isalpha() and ": " in lines[-1]:  # a traceback's last line: `pkg.Error: cause`
+            kind, cause = lines[-1].split(": ", 1)
+            return f"{kind.rsplit('.', 1)[-1]}: {cause}"
         code = self.controller.returncode if self.controller else None
         if code is not None and code < 0:
             return f"the controller died (signal {-code})"

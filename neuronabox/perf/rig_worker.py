@@ -67,6 +67,7 @@ class Rig:
             os.close(fd)
         else:
             ctypes.memmove(ctypes.byref(uid), bytes.fromhex(os.environ["NBX_RIG_UNIQUE_ID"]), 128)
+        self.cu(self.cuda.cuInit(0), "cuInit")  # the rig's driver needs none; a real one refuses all else first
         ctx = ctypes.c_void_p()
         self.cu(self.cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
         self.cu(self.cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")

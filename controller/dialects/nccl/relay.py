@@ -301,8 +301,8 @@ class NcclRelay:
             key = (rank, part.channel, hop.latency, hop.bandwidth, work)
             times = plan.arrivals.get(key)
             if times is None and ring.kind == Kind.BROADCAST:
-                hops = (rank - ring.root) % self.world
-                chunks = [sum(op.slices) for op in ring.ops(ring.root, part)]
+                hops = (rank - ring.root) % self.world  # 0: the root, which receives nothing
+                chunks = [sum(op.slices) for op in ring.ops(ring.root, part)] if hops else []
                 times = plan.arrivals[key] = pipeline_arrivals(chunks, hops, hop, work)
             elif times is None:
                 times = plan.arrivals[key] = ring_arrivals(ring.program(rank)[part.channel], hop, work)
