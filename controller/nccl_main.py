@@ -76,6 +76,15 @@ def read_uid(line: str) -> UniqueId:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
+        profile = os.environ.get("NEURONABOX_PROFILE")
+        if profile:  # developer aid, as the Gloo controller's: cProfile the controller into this file
+            import cProfile
+
+            prof = cProfile.Profile()
+            try:
+                return prof.runcall(serve, args)
+            finally:
+                prof.dump_stats(profile)
         return serve(args)
     except NeuronaBoxError as exc:
         print(f"neuronabox controller: error: {exc}", file=sys.stderr, flush=True)
