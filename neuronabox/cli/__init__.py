@@ -15,6 +15,7 @@ COMMANDS = {
     "whatif": "neuronabox.cli.whatif",
     "perf": "neuronabox.cli.perf",
     "export": "neuronabox.cli.export",
+    "report": "neuronabox.cli.report",
     "calibrate": "neuronabox.cli.calibrate",
     "validate": "neuronabox.cli.validate",
     "status": "neuronabox.cli.status",

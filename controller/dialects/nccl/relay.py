@@ -75,6 +75,26 @@ def identity(op: str, dtype: str) -> bytes:
     raise UnspokenCollective(f"no {op} identity for NCCL datatype {dtype}")
 
 
+class Nothing:
+    """What an emulated rank adds to a message: the reduction's identity (zeros where
+    nothing reduces). Made once per (dtype, size) and sent again (bytes are immutable): a
+    512 KiB step's identity cost 0.3 ms to build each time."""
+
+    def __init__(self, redop: str) -> None:
+        self.redop = redop
+        self._made: dict[tuple[str, int], bytes] = {}  # (dtype, or "" for zeros; size) -> payload
+
+    def __call__(self, p: CollParams, nbytes: int) -> bytes:
+        dtype = p.dtype if p.kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else ""
+        payload = self._made.get((dtype, nbytes))
+        if payload is None:
+            payload = identity(self.redop, dtype) * (nbytes // p.elem) if dtype else bytes(nbytes)
+            if len(self._made) >= IDENTITY_CACHE:
+                self._made.pop(next(iter(self._made)))
+            self._made[(dtype, nbytes)] = payload
+        return payload
+
+
 @dataclass(frozen=True)
 class CollParams:
     """One collective as the real rank's NCCL planned it (the profiler's Coll event)."""
@@ -200,7 +220,7 @@ class NcclRelay:
         self._out = {(r, c): _Stream() for r in self.out_ranks for c in range(config.channels)}
         self._instances: list[Instance] = []
         self._plans: dict[tuple, _Plan] = {}
-        self._identities: dict[tuple[str, int], bytes] = {}  # (dtype or "" for zeros, size) -> payload
+        self._nothing = Nothing(redop)
         self._rank_at = dict.fromkeys(self.real.sorted, 0)  # real rank -> the collective it is in (absolute)
         self._rank_streams = {r: sum(k[0] == r for k in [*self._in, *self._out]) for r in self.real.sorted}
         self._base = 0  # absolute index of _instances[0]
@@ -400,20 +420,6 @@ class NcclRelay:
                 self._stream_done(inst, ("out",) + key, now)
                 st.at += 1
         return out
-
-    def _nothing(self, p: CollParams, nbytes: int) -> bytes:
-        """What an emulated rank adds: the reduction's identity (zeros where nothing reduces).
-        Made once per (dtype, size) and sent again (bytes are immutable): a 512 KiB step's
-        identity cost 0.3 ms to build each time."""
-        dtype = p.dtype if p.kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else ""
-        key = (dtype, nbytes)
-        payload = self._identities.get(key)
-        if payload is None:
-            payload = identity(self.redop, dtype) * (nbytes // p.elem) if dtype else bytes(nbytes)
-            if len(self._identities) >= IDENTITY_CACHE:
-                self._identities.pop(next(iter(self._identities)))
-            self._identities[key] = payload
-        return payload
 
     def next_release(self) -> float:
         """The earliest release time of a message waiting only for its time (inf: none)."""
