@@ -121,7 +121,8 @@ def test_argparse_errors_are_one_line(run):
 
 
 # -- help -----------------------------------------------------------------------------
-COMMANDS = ["torchrun", "simulate", "whatif", "perf", "export", "calibrate", "validate", "status", "inject", "topology"]
+COMMANDS = ["torchrun", "simulate", "whatif", "perf", "export", "report", "calibrate", "validate", "status", "inject",
+            "topology"]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)

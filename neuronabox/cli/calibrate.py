@@ -9,6 +9,7 @@ from pathlib import Path
 from neuronabox.args import ArgParser
 from neuronabox.fidelity.calibrate import calibrate, testbed_rate, write_topology
 from neuronabox.fidelity.testbed import TestbedError, TestbedUnavailable, check_netns_possible
+from neuronabox.progress import StatusLine
 
 NAME = "calibrate"
 SUMMARY = "measure the loopback or netns testbed, or fit nccl-tests logs, and write a topology file for --topology"
@@ -62,7 +63,8 @@ def main(argv: list[str]) -> int:
             check_netns_possible()
         if not out.parent.is_dir():
             raise TestbedUnavailable(f"--out: no folder {str(out.parent)!r} to write into")
-        cal = calibrate(ns.testbed, rate, ns.max_bytes)
+        with StatusLine(f"calibrate: measuring the {ns.testbed} testbed"):
+            cal = calibrate(ns.testbed, rate, ns.max_bytes)
     except TestbedError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, TestbedUnavailable) else 1

@@ -16,6 +16,7 @@ from neuronabox.perf.rig import rig_job, run_rig_ladder
 from neuronabox.perf.run import run_ladder
 from neuronabox.perf.simulated import simulate_ladder, simulate_nccl_ladder
 from neuronabox.perf.table import TYPES, render
+from neuronabox.progress import StatusLine
 from neuronabox.schedules import Kind
 
 NAME = "perf"
@@ -154,7 +155,8 @@ def main(argv: list[str]) -> int:
     else:
         options.update(real_ranks=ns.real_ranks, real_nodes=ns.real_nodes)
     try:
-        with raised_as_interrupted():
+        what = f"perf {spec.coll.value}: {len(spec.sizes)} sizes, {world} ranks{', simulated' if ns.simulate else ''}"
+        with raised_as_interrupted(), StatusLine(what):
             rows = _rows(ns, spec, options) if rig is None else run_rig_ladder(rig, keep=ns.keep)
     except NeuronaBoxError as exc:  # UsageError, PerfError (a bad simulation request): 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)

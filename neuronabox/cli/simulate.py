@@ -6,6 +6,7 @@ import sys
 
 from neuronabox.args import ArgParser
 from neuronabox.limits import output_problem
+from neuronabox.progress import StatusLine
 from neuronabox.sim.simulate import SimulateError, load_trace, run_simulation
 from neuronabox.trace import records as tracefile
 
@@ -42,8 +43,12 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         doc = load_trace(ns.trace)
-        _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
-                                    ns.inject, ns.out, ns.punctual, ns.skew)  # fmt: skip
+        world = (ns.nnodes or doc.get("nnodes") or doc["world_size"]) * (ns.nproc_per_node or doc.get("nproc_per_node")
+                                                                         or 1)  # fmt: skip
+        with StatusLine(f"simulate: {world} ranks, collectives") as status:
+            _, _, text = run_simulation(doc, ns.trace, ns.nnodes, ns.nproc_per_node, ns.topology, ns.delay_model,
+                                        ns.inject, ns.out, ns.punctual, ns.skew,
+                                        on_progress=lambda d, t: status.set(d, t))  # fmt: skip
     except SimulateError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ from neuronabox.fidelity.calibrate import calibrate, testbed_rate, write_topolog
 from neuronabox.fidelity.testbed import Loopback, Netns, TestbedError, TestbedUnavailable, check_netns_possible
 from neuronabox.fidelity.validate import CPU_HEADROOM, RUN_TIMEOUT_S, Comparison, Job, Runner, job_of, report, write_csv
 from neuronabox.launcher.torchrun_args import UsageError
+from neuronabox.progress import StatusLine
 
 NAME = "validate"
 SUMMARY = "run a script all-real and emulated, interleaved, and report the iteration-time error"
@@ -80,7 +81,8 @@ def main(argv: list[str]) -> int:
         topology = ns.topology
         if topology is None:
             print(f"calibrating the {ns.testbed} testbed (give --topology to skip)", flush=True)
-            cal = calibrate(ns.testbed, rate)
+            with StatusLine(f"validate: calibrating the {ns.testbed} testbed"):
+                cal = calibrate(ns.testbed, rate)
             print(cal.report(), flush=True)
             topology = str(folder / "calibrated.yaml")
             write_topology(cal, Path(topology))
@@ -89,17 +91,20 @@ def main(argv: list[str]) -> int:
             share = ns.cpu_share or CPU_HEADROOM * len(os.sched_getaffinity(0)) / job.nnodes
             testbed = Netns(job.nnodes, rate, share)
         placement = testbed.emulated(job.real_nodes)
-        for rep in range(ns.repeat):
-            # Interleaved, the order flipped every repetition, so a drift of the machine
-            # weighs on both sides alike.
-            order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
-            for mode in order:
-                if mode == "all-real":
-                    res = runner.all_real(testbed.all_real(), rep)
-                else:
-                    res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
-                job.results.append(res)
-                print(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)", flush=True)
+        with StatusLine("validate: runs", 2 * ns.repeat) as status:
+            for rep in range(ns.repeat):
+                # Interleaved, the order flipped every repetition, so a drift of the machine
+                # weighs on both sides alike.
+                order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
+                for mode in order:
+                    status.set(detail=f"rep {rep} {mode}")
+                    if mode == "all-real":
+                        res = runner.all_real(testbed.all_real(), rep)
+                    else:
+                        res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
+                    job.results.append(res)
+                    status.done += 1
+                    status.say(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)")
         cmp = Comparison(
             [r.median_ms for r in job.results if r.mode == "all-real"],
             [r.median_ms for r in job.results if r.mode == "emulated"],

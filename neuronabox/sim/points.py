@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.progress import StatusLine
 
 EXECUTORS = ("local", "ray")
 RAY_MISSING = "--executor ray needs Ray: pip install 'neuronabox[ray]' (or pip install ray)"
@@ -185,17 +185,15 @@ class SweepTable:
 
 
 # -- progress --------------------------------------------------------------------------
-class Progress:
-    """Points done, running and failed, and the time left: one line redrawn in a
-    terminal, nothing in a log (each row's own line says what finished)."""
+class Progress(StatusLine):
+    """Points done, running and failed, and the time left: the sweep's status line (each
+    row's own line, printed above it, says what finished)."""
 
     def __init__(self, total: int, parallel: int, clock: Callable[[], float] = time.monotonic,
                  stream=None) -> None:  # fmt: skip
-        self.total, self.parallel, self.clock = total, max(1, parallel), clock
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.done = self.failed = self.running = 0
-        self.t0 = clock()
+        super().__init__("points", total, stream=stream, clock=clock)
+        self.parallel = max(1, parallel)
+        self.failed = self.running = 0
 
     def line(self) -> str:
         left = self.total - self.done - self.failed
@@ -208,23 +206,10 @@ class Progress:
 
     def started(self, n: int) -> None:
         self.running = n
-        self._draw()
+        self.draw()
 
     def finished(self, ok: bool, text: str) -> None:
         self.done += ok
         self.failed += not ok
         self.running = max(0, min(self.running - 1, self.total - self.done - self.failed))
-        if self.tty:
-            self.stream.write("\r\033[K")
-        print(text, flush=True)
-        self._draw()
-
-    def _draw(self) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K" + self.line())
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+        self.say(text)

@@ -38,6 +38,7 @@ import bisect
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,10 +369,12 @@ def run_simulation(
     out: str | None = None,
     punctual: bool = False,
     skew: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Simulated, tracefile.RunTotals, str]:
     """Simulate a loaded trace (`source`: its path, for the new trace's header); unset
-    options come from the trace. `punctual`: charge the real rank no software cost.
-    Returns the simulation, its totals and its report."""
+    options come from the trace. `punctual`: charge the real rank no software cost;
+    `on_progress(done, total)`: each finished collective instance. Returns the
+    simulation, its totals and its report."""
     rec_nodes = doc.get("nnodes") or doc["world_size"]
     rec_nproc = doc.get("nproc_per_node") or 1
     nnodes = rec_nodes if nnodes is None else nnodes
@@ -400,10 +403,15 @@ def run_simulation(
         writer = tracefile.TraceWriter(out, header)
     totals = tracefile.RunTotals()
 
+    done, total = [0], len(prog.ops)
+
     def on_record(rec, open_entries: dict[int, float]) -> None:
         totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted)
         if writer is not None:
             writer.instance(rec, open_entries)
+        if on_progress is not None:
+            done[0] += 1
+            on_progress(done[0], total)
 
     sim = simulate(prog, world, timing, on_record=on_record, costs=costs)
     for t in sim.steps:
