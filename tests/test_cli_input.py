@@ -280,3 +280,16 @@ def test_status_lists_every_live_run(run, tmp_path):
         a.stop()
         b.stop()
     assert not (RUNS_DIR / f"{a.proc.pid}.json").exists() and not (RUNS_DIR / f"{b.proc.pid}.json").exists()
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_flag_and_argument_of_every_command_says_what_it_does(cmd):
+    """`--help` is complete: nothing a command takes goes undescribed."""
+    import argparse
+
+    from neuronabox.cli import command
+
+    parser = command(cmd).build_parser()
+    bare = [a.option_strings or [a.dest] for a in parser._actions if not isinstance(a, argparse._HelpAction)
+            and not (a.help or "").strip()]  # fmt: skip
+    assert bare == [], f"neuronabox {cmd}: no help for {bare}"

@@ -28,7 +28,10 @@ def build_parser() -> ArgParser:
     )
     p.add_argument("trace", help="a trace written by --trace (or a run's trace.jsonl)")
     p.add_argument("--format", required=True, choices=["chrome", "chakra", "png", "nccl-tests", "nccl-inspector",
-                                                        "prometheus"])  # fmt: skip
+                                                        "prometheus"],
+                   help="chrome: trace-event JSON for Perfetto or chrome://tracing; chakra: Chakra execution traces, "
+                   "one per rank; png: a timeline picture; nccl-tests: its table per kind and size; nccl-inspector: "
+                   "NCCL Inspector's v4.0 JSON lines; prometheus: its metrics, text exposition format")  # fmt: skip
     p.add_argument("--out", help="output file (default: TRACE with .json, .png, .txt, .inspector.jsonl or .prom); "
                    "chakra: a folder")
     p.add_argument("--sample-emulated", type=int, default=0, help="chrome: add K emulated ranks (the model's times)")

@@ -14,7 +14,7 @@ def build_parser() -> ArgParser:
     from neuronabox.topology import PRESETS
 
     p = ArgParser(prog="neuronabox topology", description="Describe a topology: its nodes, links and paths.")
-    sub = p.add_subparsers(dest="action", required=True, metavar="show")
+    sub = p.add_subparsers(dest="action", required=True, metavar="show", help="show: describe NAME|FILE")
     show = sub.add_parser("show", help="describe a preset or a YAML file")
     show.add_argument("name", metavar="NAME|FILE", help=f"a preset ({', '.join(sorted(PRESETS))}) or a YAML file")
     return p
