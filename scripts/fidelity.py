@@ -1,4 +1,4 @@
-"""The README's fidelity table: `neuronabox validate` over the validation workloads.
+"""The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--repeat K] [--steps N] [--out DIR]
 

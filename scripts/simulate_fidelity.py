@@ -16,7 +16,7 @@ median per kind, from the same trace); the last column is the error of the
 the live iteration the model explains and how much the rank's own cost adds.
 
 The default topology is one whose hop this machine's real rank and controller
-keep up with (see the README's "Model tracking"): on a faster one the live run
+keep up with (see docs/benchmarks.md, "Model tracking"): on a faster one the live run
 itself misses the model, and the simulation (which gives the model's times)
 misses the live run by the same amount.
 """

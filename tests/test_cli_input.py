@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE, SCRIPTS, Live
+from conftest import EXAMPLE, ROOT, SCRIPTS, Live
 
 from neuronabox import topology
 from neuronabox.launcher.torchrun_args import UsageError, parse, without_pet
@@ -293,3 +293,11 @@ def test_every_flag_and_argument_of_every_command_says_what_it_does(cmd):
     bare = [a.option_strings or [a.dest] for a in parser._actions if not isinstance(a, argparse._HelpAction)
             and not (a.help or "").strip()]  # fmt: skip
     assert bare == [], f"neuronabox {cmd}: no help for {bare}"
+
+
+def test_the_reference_page_is_what_the_parsers_print_today():
+    """docs/reference.md is generated from the parsers: a flag added without regenerating it fails here."""
+    from neuronabox.cli.reference import reference
+
+    assert (ROOT / "docs" / "reference.md").read_text() == reference(), (
+        "docs/reference.md is stale: python -m neuronabox.cli.reference > docs/reference.md")

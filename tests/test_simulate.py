@@ -229,7 +229,7 @@ def test_subgroups_replay_and_scale(run, tmp_path):
 
 def test_simulation_predicts_its_live_run(run, tmp_path):
     """Replayed at its own world size, topology and model (all read from the trace), a
-    live run's trace gives the live run's iteration time. The README's table holds it
+    live run's trace gives the live run's iteration time. docs/guide.md's table holds it
     to 2% at 8 to 512 ranks (scripts/simulate_fidelity.py); on a shared machine the
     test asks for a tenth. The topology is one whose hop this machine keeps up with,
     and it is a file: the trace carries it."""

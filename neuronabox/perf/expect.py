@@ -1,5 +1,5 @@
 """What each real rank's output holds after one checked collective, under the data
-policy (README, "--data zeros|mirror"): what `#wrong` counts against. Pure.
+policy (docs/guide.md, "--data zeros|mirror"): what `#wrong` counts against. Pure.
 
 Every rank r fills its input with `value(r)` (small integers, exact in every dtype
 at the sizes a reduction reaches here), so a block names the rank it came from; a
