@@ -60,14 +60,17 @@ class CollectiveFormulas:
     def local_work(self) -> HostWork:
         return self.topology.work
 
-    def _alpha_beta(self, world: int) -> tuple[float, float]:
+    def _links(self, world: int) -> list[LinkClass]:
+        """The links the slowest path of a `world`-rank collective crosses."""
         t = self.topology
         if world <= t.ranks_per_node:
-            links = [t.intra]
-        elif world <= t.ranks_per_node * t.nodes_per_switch:
-            links = [t.inter] * 2
-        else:
-            links = [t.inter] * (2 * t.switch_tiers)
+            return [t.intra]
+        if world <= t.ranks_per_node * t.nodes_per_switch:
+            return [t.inter] * 2
+        return [t.inter] * (2 * t.switch_tiers)
+
+    def _alpha_beta(self, world: int) -> tuple[float, float]:
+        links = self._links(world)
         return sum(lc.latency for lc in links), min(lc.bandwidth for lc in links)
 
     def message_time(self, src: int, dst: int, nbytes: int) -> float:
@@ -112,9 +115,20 @@ class CollectiveFormulas:
         raise ValueError(f"no cost formula for collective kind {kind!r}")
 
     def _nccl_time(self, kind: str, nbytes: int, w: int, a: float, b: float) -> float:
-        """NCCL's tuning model: latency per step, bytes at the bus bandwidth."""
+        """NCCL's tuning model: latency per step, bytes at the bus bandwidth; where the
+        links say how NCCL's low-latency protocols use them, the faster of the two, as
+        NCCL's tuner picks a protocol by size."""
         steps, moved = nccl_terms(self.formulas, kind, w, nbytes)
-        return steps * a + moved / b
+        t = steps * a + moved / b
+        small = self._small_alpha_beta(w)
+        return t if small is None else min(t, steps * small[0] + moved / small[1])
+
+    def _small_alpha_beta(self, world: int) -> tuple[float, float] | None:
+        """`_alpha_beta` under the low-latency protocols (None: no link says)."""
+        if self.topology.intra.small is None and self.topology.inter.small is None:
+            return None
+        links = [lc.small or lc for lc in self._links(world)]
+        return sum(lc.latency for lc in links), min(lc.bandwidth for lc in links)
 
 
 def nccl_terms(formulas: str, kind: str, w: int, nbytes: int) -> tuple[float, float]:

@@ -6,7 +6,8 @@
 worlds (tests/fixtures/nccl-tests-a100: all_reduce_perf on Azure ND A100 v4, 8 GPUs a
 server); `neuronabox perf all_reduce --simulate` runs the predicted world on it (its
 nodes of 8 ranks), and the table compares its busbw with the measured one, per size
-from 1 MiB, with the median error. Prints markdown.
+from 1 KiB, with the median error from 1 MiB (NCCL's Simple protocol, which the fit
+prices from there) and below it (the fit's low-latency protocols). Prints markdown.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main() -> None:
     p.add_argument("--model", default="nccl-ring")
     ns = p.parse_args()
     held = ntf.read(str(A100 / f"nccl_{ns.predict}.log"), "all_reduce")
-    sizes = [r.size for r in held.rows if r.size >= 1 << 20]
+    sizes = [r.size for r in held.rows if r.size >= 1 << 10]
     with tempfile.TemporaryDirectory() as tmp:
         topo, rows = Path(tmp) / "fitted.yaml", Path(tmp) / "rows.json"
         logs = [str(A100 / f"nccl_{w}.log") for w in ns.fit.split(",")]
@@ -57,13 +58,16 @@ def main() -> None:
     print(f"\nall_reduce at {held.world} GPUs ({held.nodes} servers), fitted on {ns.fit} GPUs, {ns.model}:\n")
     print("| size | measured busbw (GB/s) | perf --simulate busbw (GB/s) | error |")
     print("| ---: | ---: | ---: | ---: |")
-    errs = []
+    errs: dict[bool, list[float]] = {True: [], False: []}
     for r in held.rows:
         if r.size in simulated:
             err = simulated[r.size] / r.busbw - 1
-            errs.append(abs(err))
+            errs[r.size >= 1 << 20].append(abs(err))
             print(f"| {r.size} | {r.busbw:.2f} | {simulated[r.size]:.2f} | {err * 100:+.1f}% |")
-    print(f"\nmedian |error| from 1 MiB: {statistics.median(errs) * 100:.1f}% over {len(errs)} sizes")
+    for large, label in ((True, "from 1 MiB"), (False, "below 1 MiB")):
+        if errs[large]:
+            median = statistics.median(errs[large]) * 100
+            print(f"\nmedian |error| {label}: {median:.1f}% over {len(errs[large])} sizes")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,15 @@ class TopologyError(NeuronaBoxError, ValueError):
 
 @dataclass(frozen=True)
 class LinkClass:
-    """One kind of link: `bandwidth` in bytes per second, `latency` in seconds."""
+    """One kind of link: `bandwidth` in bytes per second, `latency` in seconds. `small`:
+    the same link as NCCL's low-latency protocols (LL, LL128) use it, a lower latency at a
+    lower bandwidth; NCCL's formulas then price a collective by whichever is faster, as
+    NCCL's tuner picks a protocol by size (None: one protocol)."""
 
     name: str
     bandwidth: float
     latency: float
+    small: LinkClass | None = None
 
     def time(self, nbytes: int) -> float:
         return self.latency + nbytes / self.bandwidth

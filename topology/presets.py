@@ -6,6 +6,8 @@
     links:
       intra: {bandwidth: 900GB/s, latency: 2us}
       inter: {bandwidth: 400Gb/s, latency: 3us}
+      # optional on either: the link under NCCL's low-latency protocols (LL, LL128), e.g.
+      # inter: {bandwidth: 400Gb/s, latency: 3us, small: {bandwidth: 100Gb/s, latency: 1us}}
     switches: {tiers: 2, nodes_per_switch: 32}
     local_work: {message: 8us, reduce: 3.2GB/s}   # optional; both keys optional
 
@@ -51,10 +53,10 @@ def parse_latency(text: object, field: str) -> float:
     return value
 
 
-def _link(spec: object, field: str) -> LinkClass:
+def _link(spec: object, field: str, nested: bool = False) -> LinkClass:
     if not isinstance(spec, dict):
         raise TopologyError(f"{field}: expected a mapping with bandwidth and latency, got {spec!r}")
-    unknown = set(spec) - {"bandwidth", "latency"}
+    unknown = set(spec) - {"bandwidth", "latency"} - (set() if nested else {"small"})
     if unknown:
         raise TopologyError(f"{field}.{sorted(unknown)[0]}: unknown field")
     for key in ("bandwidth", "latency"):
@@ -64,6 +66,7 @@ def _link(spec: object, field: str) -> LinkClass:
         field.rsplit(".", 1)[-1],
         parse_bandwidth(spec["bandwidth"], f"{field}.bandwidth"),
         parse_latency(spec["latency"], f"{field}.latency"),
+        _link(spec["small"], f"{field}.small", nested=True) if "small" in spec else None,
     )
 
 
@@ -155,7 +158,10 @@ def as_spec(topo: Topology) -> dict:
         return text if "e" not in text else format(x, ".40f").rstrip("0")
 
     def link(lc: LinkClass) -> dict:
-        return {"bandwidth": f"{plain(lc.bandwidth)}B/s", "latency": f"{plain(lc.latency)}s"}
+        out = {"bandwidth": f"{plain(lc.bandwidth)}B/s", "latency": f"{plain(lc.latency)}s"}
+        if lc.small is not None:
+            out["small"] = link(lc.small)
+        return out
 
     spec = {
         "name": topo.name,

@@ -12,10 +12,13 @@ The fit: the delay models price a collective of n bytes over W ranks as
 `steps(W) * alpha + bytes(W, n) / beta` (delay_models/collective.py), with (alpha,
 beta) those of the intra-node link when the world fits in one node and of the path
 between nodes otherwise. Both are linear in (alpha, 1/beta), so each link class is a
-least-squares fit of the relative time over the worlds and sizes it prices. Sizes
-below `from_size` are left out of the fit (NCCL's LL and LL128 protocols run them,
-with their own latencies: the formulas' one alpha is Simple's) but printed with
-their residuals. Pure: texts in, a fit out.
+least-squares fit of the relative time over the worlds and sizes it prices, from
+`from_size` up: what NCCL's Simple protocol moves. Below it NCCL's tuner picks its
+low-latency protocols (LL, LL128: less latency, less bandwidth), so each link class
+gets a second (alpha, beta) fitted on the sizes below `from_size`, its `small` link;
+the model prices a collective with whichever of the two is faster, as the tuner does,
+and the crossover is where the measured curve changes protocol. Pure: texts in, a fit
+out.
 """
 
 from __future__ import annotations
@@ -143,6 +146,11 @@ class LinkFit:
     alpha: float  # seconds per step
     beta: float  # bytes per second
     worlds: list[int]
+    small: LinkFit | None = None  # the low-latency protocols' (sizes below the fit's from_size)
+
+    def time(self, steps: float, moved: float) -> float:
+        t = steps * self.alpha + moved / self.beta
+        return t if self.small is None else min(t, self.small.time(steps, moved))
 
 
 @dataclass
@@ -161,8 +169,15 @@ class Fit:
         link = self.link_for(world)
         if link is None or world <= 1:
             return None
+        return link.time(*nccl_terms(self.model, kind, world, nbytes))
+
+    def low_latency(self, kind: Kind, world: int, nbytes: int) -> bool:
+        """Whether the fit prices this size with the low-latency protocols (the faster)."""
+        link = self.link_for(world)
+        if link is None or link.small is None or world <= 1:
+            return False
         steps, moved = nccl_terms(self.model, kind, world, nbytes)
-        return steps * link.alpha + moved / link.beta
+        return link.small.time(steps, moved) < steps * link.alpha + moved / link.beta
 
     def busbw(self, kind: Kind, world: int, nbytes: int) -> float | None:
         """GB/s, nccl-tests' definition."""
@@ -176,7 +191,10 @@ class Fit:
         the intra link's latency; across nodes the path crosses two inter links."""
         def link(lf: LinkFit | None, hops: int) -> dict:
             lf = lf or self.intra or self.inter
-            return {"bandwidth": f"{lf.beta / 1e9:.9g}GB/s", "latency": f"{lf.alpha / hops * 1e6:.9g}us"}
+            out = {"bandwidth": f"{lf.beta / 1e9:.9g}GB/s", "latency": f"{lf.alpha / hops * 1e6:.9g}us"}
+            if lf.small is not None:
+                out["small"] = link(lf.small, hops)
+            return out
 
         nodes = max(max(lg.nodes for lg in self.logs), 1)
         return {
@@ -200,13 +218,28 @@ def fit(logs: list[Log], model: str = "nccl-ring", from_size: int = 1 << 20, ran
 
 
 def _fit_link(logs: list[Log], model: str, from_size: int) -> LinkFit | None:
-    """Least squares of time/measured - 1 over (alpha, 1/beta), both at least 0."""
+    """The link's Simple fit from `from_size` up, and its low-latency protocols' below."""
+    main = _least_squares(logs, model, from_size, math.inf)
+    if main is None:
+        return None
+    sizes = {r.size for lg in logs for r in lg.rows if 0 < r.size < from_size and r.time_us > 0}
+    if len(sizes) >= 3:  # enough sizes below to say what the other protocols cost
+        small = _least_squares(logs, model, 1, from_size)
+        # kept only as NCCL's low-latency protocols are: less latency, and less bandwidth
+        if small is not None and small.alpha < main.alpha and small.beta < main.beta:
+            main.small = small
+    return main
+
+
+def _least_squares(logs: list[Log], model: str, low: float, high: float) -> LinkFit | None:
+    """Least squares of time/measured - 1 over (alpha, 1/beta), both at least 0, over
+    the sizes in [low, high)."""
     if not logs:
         return None
     saa = sab = sbb = sa = sb = 0.0
     for lg in logs:
         for r in lg.rows:
-            if r.size < from_size or r.time_us <= 0:
+            if not low <= r.size < high or r.time_us <= 0:
                 continue
             steps, moved = nccl_terms(model, lg.coll, lg.world, r.size)
             t = r.time_us * 1e-6
@@ -214,7 +247,7 @@ def _fit_link(logs: list[Log], model: str, from_size: int) -> LinkFit | None:
             saa, sab, sbb, sa, sb = saa + a * a, sab + a * b, sbb + b * b, sa + a, sb + b
     det = saa * sbb - sab * sab
     if det <= 0:
-        raise NcclTestsError(f"too few sizes from {from_size} B in {', '.join(lg.path for lg in logs)} to fit")
+        raise NcclTestsError(f"too few sizes from {low:.0f} B in {', '.join(lg.path for lg in logs)} to fit")
     alpha = (sa * sbb - sb * sab) / det
     inv_beta = (sb * saa - sa * sab) / det
     if alpha < 0:  # all of it is bandwidth
@@ -234,6 +267,9 @@ def report(f: Fit) -> str:
         if lf:
             lines.append(f"  {label}: alpha {us(lf.alpha)} per step, beta {lf.beta / 1e9:.2f} GB/s "
                          f"(worlds {', '.join(map(str, lf.worlds))})")  # fmt: skip
+            if lf.small is not None:
+                lines.append(f"    below {f.from_size} B (LL/LL128): alpha {us(lf.small.alpha)} per step, "
+                             f"beta {lf.small.beta / 1e9:.2f} GB/s")  # fmt: skip
     for lg in sorted(f.logs, key=lambda x: x.world):
         lines += log_lines(f, lg)
     return "\n".join(lines)
@@ -248,7 +284,7 @@ def log_lines(f: Fit, lg: Log, label: str = "") -> list[str]:
         if fitted is None:
             continue
         res = f"{(fitted / r.busbw - 1) * 100:+7.1f}%" if r.busbw > 0 else "      -"
-        mark = "" if r.size >= f.from_size else "   (not fitted)"
+        mark = "   (LL/LL128)" if f.low_latency(lg.coll, lg.world, r.size) else ""
         lines.append(f"  {r.size:>12}   {r.busbw:>10.2f}      {fitted:>10.2f}   {res}{mark}")
     return lines
 
