@@ -16,10 +16,10 @@ EVERY = str(SCRIPTS / "every_collective.py")
 @pytest.mark.parametrize(
     "nnodes,nproc,real",
     [
-        # A small odd world and a larger power of two (4 one-rank nodes is 32's shape, smaller):
-        # one real rank in the odd world, two neighbours in the larger one (the suite's time
-        # keeps one of each shape; rank 0 alone at 64 and 512 is test_live's).
-        (7, 1, "0"),
+        # A larger power of two (4 one-rank nodes is 32's shape, smaller): two neighbours (the
+        # suite's time keeps one of each shape; rank 0 alone at 64 and 512 is test_live's, and
+        # the odd world is the 1,5 case below, whose two real ranks are each alone among
+        # emulated neighbours, as a lone real rank is).
         (32, 1, "0,1"),
         # Ranks 1 and 5 of 2-rank nodes (started without torchrun), and of 1-rank nodes
         # (the odd world; at 32 the same two ranks added nothing the shapes above miss).
