@@ -21,6 +21,7 @@ import time
 from neuronabox.delay_models.whatif import WhatIf
 
 from neuronabox import delay_models, topology
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import read_bounded
 
 from .config import ControllerConfig
@@ -255,16 +256,21 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m neuronabox.controller.main CONFIG_JSON", file=sys.stderr)
         return 2
     cfg = ControllerConfig.loads(read_bounded(argv[0], 64 << 20, "controller configuration").decode())
+    try:
+        controller = Controller(cfg)
+    except NeuronaBoxError as exc:  # refused at start (an NCCL release it does not speak): the launcher's line
+        print(f"neuronabox controller: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     profile = os.environ.get("NEURONABOX_PROFILE")
     if profile:  # developer aid: cProfile the controller into this file
         import cProfile
 
         prof = cProfile.Profile()
         try:
-            return prof.runcall(Controller(cfg).run)
+            return prof.runcall(controller.run)
         finally:
             prof.dump_stats(profile)
-    return Controller(cfg).run()
+    return controller.run()
 
 
 if __name__ == "__main__":

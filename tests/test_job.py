@@ -70,3 +70,27 @@ def test_a_controller_that_died_of_a_traceback_is_named_by_its_last_line():
     finally:
         log.unlink()
         run.dir.rmdir()
+
+
+def test_a_controller_refused_at_start_says_why_in_its_error_line(tmp_path):
+    """A refusal while the controller is made (here an NCCL release it does not speak) is its
+    one `error:` line and exit 1, which the launcher shows, not a traceback."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = Run(cli_job("--nnodes", "4", EXAMPLE))
+    try:
+        cfg = dataclasses.replace(run.controller_config(), backend="nccl", nccl_release="9.9.9",
+                                  nccl_profile=str(tmp_path / "profile.fifo"), ready_file=str(tmp_path / "ready"))
+    finally:
+        run.dir.rmdir()
+    path = tmp_path / "controller.json"
+    path.write_text(cfg.dumps())
+    res = subprocess.run([sys.executable, "-m", "neuronabox.controller.main", str(path)], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert res.returncode == 1, res.stderr[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("neuronabox controller: error: NCCL 9.9.9 is not spoken by this controller"), res.stderr
+    assert "Traceback" not in res.stderr
