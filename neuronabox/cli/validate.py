@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
                     else:
                         res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
                     job.results.append(res)
-                    status.done += 1
+                    status.set(done=status.done + 1)
                     status.say(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)")
         cmp = Comparison(
             [r.median_ms for r in job.results if r.mode == "all-real"],

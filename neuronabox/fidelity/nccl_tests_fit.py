@@ -148,9 +148,13 @@ class LinkFit:
     worlds: list[int]
     small: LinkFit | None = None  # the low-latency protocols' (sizes below the fit's from_size)
 
+    def simple_time(self, steps: float, moved: float) -> float:
+        return steps * self.alpha + moved / self.beta
+
     def time(self, steps: float, moved: float) -> float:
-        t = steps * self.alpha + moved / self.beta
-        return t if self.small is None else min(t, self.small.time(steps, moved))
+        """The faster protocol's, as NCCL's tuner picks."""
+        t = self.simple_time(steps, moved)
+        return t if self.small is None else min(t, self.small.simple_time(steps, moved))
 
 
 @dataclass
@@ -177,7 +181,7 @@ class Fit:
         if link is None or link.small is None or world <= 1:
             return False
         steps, moved = nccl_terms(self.model, kind, world, nbytes)
-        return link.small.time(steps, moved) < steps * link.alpha + moved / link.beta
+        return link.small.simple_time(steps, moved) < link.simple_time(steps, moved)
 
     def busbw(self, kind: Kind, world: int, nbytes: int) -> float | None:
         """GB/s, nccl-tests' definition."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from neuronabox.trace.busbw import bandwidths
 from neuronabox.trace.spans import Span, spans
+from neuronabox.trace.summary import fmt_bytes
 
 # tab10, as the PNG export's matplotlib colours: the same kind reads the same in both
 KIND_COLORS = {
@@ -132,14 +133,6 @@ def _us(x: float) -> str:
     return f"{x / 1e3:.3f} ms" if x >= 1e3 else f"{x:.1f} us"
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def line_chart(series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str, xlog: bool,
                width: int = 900, height: int = 320) -> str:  # fmt: skip
     """An SVG chart: one polyline with dots per series, axes with a few labelled ticks."""
@@ -170,7 +163,7 @@ def line_chart(series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel
         if px(x) - last < 60:  # labels no closer than 60 px: none overlaps
             continue
         last = px(x)
-        label = _bytes(x) if xlog else f"{x:.3g}"
+        label = fmt_bytes(x) if xlog else f"{x:.3g}"
         out.append(f'<text x="{px(x):.1f}" y="{top + h + 16}" font-size="11" text-anchor="middle">{_e(label)}</text>')
     out.append(f'<text x="{left + w / 2}" y="{height - 6}" font-size="12" text-anchor="middle">{_e(xlabel)}</text>'
                f'<text x="14" y="{top + h / 2}" font-size="12" text-anchor="middle" '
@@ -226,7 +219,7 @@ def timeline(doc: dict, width: int = 1060) -> tuple[str, str]:
         y = top + lane * row[s.rank] + 3
         kind = s.record["kind"]
         out.append(f'<rect x="{px(s.start):.1f}" y="{y}" width="{max(px(s.end) - px(s.start), 0.8):.1f}" height="18" '
-                   f'fill="{KIND_COLORS.get(kind, "#333")}"><title>{_e(kind)} {_e(_bytes(s.record["nbytes"]))}: '
+                   f'fill="{KIND_COLORS.get(kind, "#333")}"><title>{_e(kind)} {_e(fmt_bytes(s.record["nbytes"]))}: '
                    f"{_e(_us(s.end - s.start))}</title></rect>")  # fmt: skip
     for rank, t in doc["steps"]:
         if int(rank) in row and a <= t <= b:
@@ -253,7 +246,7 @@ def trace_report(doc: dict, source: str) -> str:
     """The page of one run's trace."""
     world, real = doc["world_size"], doc["real_ranks"]
     inject = ", ".join(doc.get("inject") or []) or "none"
-    state = doc.get("state", "running or cut off") if doc["complete"] else "no footer: the run did not finish"
+    state = doc.get("state", "?") if doc["complete"] else "no footer: the run did not finish"
     run = [("trace", source), ("world", f"{world} ranks ({doc.get('nnodes')} nodes x {doc.get('nproc_per_node')})"),
            ("real ranks", ", ".join(map(str, real))), ("backend", doc.get("backend", "gloo")),
            ("topology", doc.get("topology")), ("delay model", doc.get("delay_model")), ("injections", inject),
@@ -273,7 +266,7 @@ def trace_report(doc: dict, source: str) -> str:
              "<th>algbw GB/s</th><th>busbw GB/s</th></tr>"]  # fmt: skip
     for r in rows:
         model = _us(r.model_us) if r.model_us is not None else "-"
-        table.append(f"<tr><td>{_e(r.kind)}</td><td>{r.count}</td><td>{_bytes(r.mean_bytes)}</td>"
+        table.append(f"<tr><td>{_e(r.kind)}</td><td>{r.count}</td><td>{fmt_bytes(r.mean_bytes)}</td>"
                      f"<td>{_us(r.real_us)}</td><td>{model}</td><td>{r.algbw:.3f}</td><td>{r.busbw:.3f}</td></tr>")
     table.append("</table>")
     svg, window = timeline(doc)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from neuronabox.trace.busbw import bandwidths
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+def fmt_bytes(n: float) -> str:
+    """A size as people read it: 640 B, 907.7 KiB, 1.8 MiB (the summary's and the report's)."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} GiB"
 
 
 def format_summary(reply, header: dict, footer: dict) -> str:
@@ -43,7 +44,7 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         else:
             split = f"{'-':>12} {'-':>13}"
         lines.append(
-            f"                  {k.kind:<10} {k.count:>7} {_fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
+            f"                  {k.kind:<10} {k.count:>7} {fmt_bytes(k.bytes):>12}   {mean * 1e3:9.3f} ms"
             f"               {model * 1e3:9.3f} ms   {split}        {alg:7.3f}  {bus:7.3f}"
         )
     rel = footer.get("release", {})
