@@ -40,6 +40,7 @@ class ControllerConfig:
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release
     nccl_channels: int = 1  # backend nccl: the pinned channels
     nccl_profile: str = ""  # backend nccl: the FIFO the real ranks' profiler plugin writes its lines to
+    member_link: str = ""  # a run on several hosts: the head launcher's link ("host:port"), published in the store
     extra: dict = field(default_factory=dict)
 
     @property

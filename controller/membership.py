@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks
-from neuronabox.store import store_listener
+from neuronabox.store import HEAD_KEY, store_listener
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver
@@ -247,6 +247,8 @@ class Membership:
             self.store = store = open_store(self.cfg, self._store_listener)
             self.log("store open")
             self._after_store_open()
+            if self.cfg.member_link:  # a run on several hosts: where the other hosts' launchers find the head
+                store.set(HEAD_KEY, self.cfg.member_link)
             agents = EmulatedAgents(self.cfg, store)
             if self._nccl_start is None:
                 records = emulated_records(self.cfg, self.driver.address, self.default)

@@ -13,7 +13,7 @@ import struct
 import time
 from datetime import timedelta
 
-from neuronabox.store import bound_store
+from neuronabox.store import STORE_ADD, STORE_MAGIC, STORE_VALIDATE, bound_store
 
 from .config import ControllerConfig
 from .dialects.gloo.wire import Address, RankRecord
@@ -82,8 +82,6 @@ def open_store(cfg: ControllerConfig, listener: socket.socket | None = None):
     return bound_store(cfg.master_addr, cfg.master_port, timeout, world_size=cfg.nnodes, sock=listener)
 
 
-STORE_VALIDATE, STORE_ADD = 0, 4  # c10d::detail::QueryType
-STORE_MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
 STORE_INIT_KEY = b"init/"  # TCPStore::initKey_, outside the "/"-prefixed user keys
 
 

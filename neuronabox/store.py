@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
+import time
 from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 
 ADDR_ENV, PORT_ENV = "NEURONABOX_STORE_ADDR", "NEURONABOX_STORE_PORT"  # set for the real nodes' torchruns
 NODE0 = "--node-rank=0"  # how the launcher names node 0 on its torchrun's command line (`ranks.node_command`)
-_held: list = []  # the agent's store: its server lives as long as this reference
+HEAD_KEY = "neuronabox/head"  # a run on several hosts: the head launcher's link, which the controller publishes
+_held: list = []
+# c10d's TCPStore wire (TCPStoreBackend.hpp), for what is spoken without torch's client.
+STORE_VALIDATE, STORE_GET, STORE_ADD, STORE_CHECK = 0, 3, 4, 5  # c10d::detail::QueryType
+STORE_MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
+CHECK_READY = b"\x00"  # CheckResponseType::READY  # the agent's store: its server lives as long as this reference
 
 
 def store_listener(host: str, port: int) -> socket.socket:
@@ -81,3 +88,45 @@ def host_in_node0_agent(environ: MutableMapping[str, str] = os.environ, argv: Se
         cause = f"the store cannot listen on {host}:{port}: {exc}"
         print(f"neuronabox node 0 agent: error: {cause}", file=sys.stderr, flush=True)
         os._exit(1)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the store closed the connection")
+        data += chunk
+    return data
+
+
+def _key(name: str) -> bytes:
+    """A key as the server holds it: TCPStore's client puts "/" before every user key."""
+    raw = ("/" + name).encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def read_head(host: str, port: int, timeout_s: float, every_s: float = 0.1) -> str:
+    """A run on several hosts: the head launcher's link address, from the run's store at
+    `host`:`port`, waiting up to `timeout_s` for the store and the key. Spoken in the
+    store's own wire (c10d's TCPStore: the hello, CHECK polled, then GET), so a launcher
+    does not import torch for one key (seconds of CPU). TimeoutError, with what was last
+    seen, when neither came."""
+    deadline = time.monotonic() + timeout_s
+    seen = "nothing answered"
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())) as sock:
+                sock.sendall(struct.pack("<BI", STORE_VALIDATE, STORE_MAGIC))
+                seen = "the store is up, without the head's key"
+                while time.monotonic() < deadline:
+                    sock.sendall(struct.pack("<BQ", STORE_CHECK, 1) + _key(HEAD_KEY))
+                    if _recv_exact(sock, 1) == CHECK_READY:
+                        sock.sendall(struct.pack("<B", STORE_GET) + _key(HEAD_KEY))
+                        (n,) = struct.unpack("<Q", _recv_exact(sock, 8))
+                        return _recv_exact(sock, n).decode()
+                    time.sleep(every_s)
+        except OSError as exc:
+            seen = exc.strerror or str(exc)
+            time.sleep(every_s)
+    raise TimeoutError(seen)

@@ -257,7 +257,7 @@ def test_every_flag_of_this_torchrun_is_known_to_the_launcher():
 
     for action in get_args_parser()._actions:
         for flag in action.option_strings:
-            if flag in ("-h", "--help") or flag in REFUSED:  # --standalone, --node-rank: refused with a reason
+            if flag in ("-h", "--help") or flag in REFUSED:  # --standalone: refused with a reason
                 continue
             value = [] if action.nargs == 0 else ["1"]
             parse([flag, *value, "x.py"], environ={})  # no UsageError

@@ -34,7 +34,7 @@ def test_ddp_example_one_real_rank(run, nnodes, tmp_path):
     assert all(i["boundary_messages"] > 0 for i in data["instances"])
 
 
-@pytest.mark.parametrize("nnodes,data", [(4, "zeros"), (32, "zeros"), (4, "mirror")])
+@pytest.mark.parametrize("nnodes,data", [(32, "zeros"), (4, "mirror")])  # two ranks of 4, zeros: test_multihost
 def test_ddp_example_two_real_ranks(run, nnodes, data):
     """The example checks every step's averaged gradient against its policy's prediction."""
     res = run(

@@ -120,6 +120,9 @@ def test_all_real_is_the_baseline_with_no_model(run):
         (("all_reduce", "-r", "9"), "-r names rank 9, outside the world of 8 ranks"),
         (("all_reduce", "--all-real", "--real-ranks", "1"), "--all-real runs every rank"),
         (("reduce", "--simulate"), "--simulate does not replay reduce yet"),
+        (("all_reduce", "--executor", "ray"), "--executor ray spreads a simulated ladder's sizes: it needs --simulate"),
+        (("all_reduce", "--simulate", "--executor", "dask"), "--executor is local or ray, got 'dask'"),
+        (("all_reduce", "--simulate", "--ray-address", "h:1"), "--ray-address goes with --executor ray"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(run, argv, cause):

@@ -8,6 +8,7 @@ Ray's own servers bind as Ray 2.60 binds them (its GCS on every interface, whate
 from __future__ import annotations
 
 import csv
+import json
 import os
 import secrets
 import shutil
@@ -110,3 +111,24 @@ def test_rows_come_as_points_finish_and_a_killed_sweep_resumes(ray_head, live_tr
     for r in rows:
         assert Path(r["trace"]).exists() and float(r["iteration_s"]) > 0
     assert Path(f"{out}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_simulated_ladder_spread_over_ray_gives_the_ladders_own_rows(ray_head, tmp_path):
+    """`perf --simulate --executor ray`: each size a task on the head; the rows are the ones
+    the whole ladder gives in this process, size for size (to float rounding: a size alone
+    starts at virtual time 0, in the ladder after the sizes before it)."""
+    ladder = ["perf", "all_gather", "--nnodes", "64", "--simulate", "-b", "64K", "-e", "4M", "-f", "8", "-n", "3",
+              "-w", "1"]  # fmt: skip
+    docs = {}
+    for how, extra in (("local", []), ("ray", ["--executor", "ray", "--ray-address", ray_head])):
+        out = tmp_path / f"{how}.json"
+        res = subprocess.run([sys.executable, "-m", "neuronabox.cli", *ladder, *extra, "-J", str(out)], env=ENV,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        docs[how] = json.loads(out.read_text())["rows"]
+    assert [r["size"] for r in docs["ray"]] == [65536, 524288, 4194304]
+    for ray_row, local_row in zip(docs["ray"], docs["local"], strict=True):
+        assert ray_row.keys() == local_row.keys() and ray_row["wrong"] is local_row["wrong"] is None
+        for key in ("size", "count", "time_us", "model_us"):
+            assert ray_row[key] == pytest.approx(local_row[key], rel=1e-9), key
+

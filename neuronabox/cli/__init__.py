@@ -11,6 +11,7 @@ from types import ModuleType
 # The commands, in the order the help lists them: name -> module.
 COMMANDS = {
     "torchrun": "neuronabox.cli.torchrun",
+    "controller": "neuronabox.cli.controller",
     "simulate": "neuronabox.cli.simulate",
     "whatif": "neuronabox.cli.whatif",
     "perf": "neuronabox.cli.perf",

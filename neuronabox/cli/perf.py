@@ -14,10 +14,11 @@ from neuronabox.limits import check_world, output_problem
 from neuronabox.perf.ladder import PerfError, make_spec
 from neuronabox.perf.rig import rig_job, run_rig_ladder
 from neuronabox.perf.run import run_ladder
-from neuronabox.perf.simulated import simulate_ladder, simulate_nccl_ladder
+from neuronabox.perf.simulated import simulate_ladder, simulate_ladder_on_ray, simulate_nccl_ladder
 from neuronabox.perf.table import TYPES, render
 from neuronabox.progress import StatusLine
 from neuronabox.schedules import Kind
+from neuronabox.sim.points import EXECUTORS, RAY_MISSING, ray_available
 
 NAME = "perf"
 SUMMARY = "nccl-tests' benchmark (all_reduce_perf, ...) over an emulated world, or every rank real"
@@ -56,6 +57,10 @@ def build_parser() -> ArgParser:
     p.add_argument("--real-nodes", help="the nodes whose ranks really run")
     p.add_argument("--all-real", action="store_true", help="every rank runs for real: the comparison baseline")
     p.add_argument("--simulate", action="store_true", help="the same ladder in virtual time, no process run")
+    p.add_argument("--executor", default="local", help="--simulate: local (the sizes one after another, default) or "
+                   "ray (each size a Ray task of one CPU)")  # fmt: skip
+    p.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster's address (default: a Ray instance of this "
+                   "machine's own, on loopback, for the ladder's length)")  # fmt: skip
     p.add_argument("--delay-model", help="the delay model (default alpha-beta)")
     p.add_argument("--topology", help="a preset or topology file (default cpu-25gbe)")
     p.add_argument("--inject", action="append", default=[], help="a what-if modifier (repeatable)")
@@ -82,6 +87,9 @@ def refusal(ns) -> str | None:
         return "--all-real runs every rank: drop --real-ranks/--real-nodes"
     if ns.simulate and (ns.all_real or ns.data or ns.real_ranks or ns.real_nodes or ns.local_work):
         return "--simulate replays rank 0 with no process: drop --all-real, --data, --local-work and the real ranks"
+    cause = executor_refusal(ns)
+    if cause:
+        return cause
     if ns.backend == "nccl":
         cause = rig_refusal(ns)
         if cause:
@@ -91,6 +99,18 @@ def refusal(ns) -> str | None:
     if ns.output_file and output_problem(ns.output_file):
         return f"-J {output_problem(ns.output_file)}"
     return check_world(ns.nnodes, ns.nproc_per_node)
+
+
+def executor_refusal(ns) -> str | None:
+    if ns.executor not in EXECUTORS:
+        return f"--executor is {' or '.join(EXECUTORS)}, got {ns.executor!r}"
+    if ns.executor == "ray" and not ns.simulate:
+        return "--executor ray spreads a simulated ladder's sizes: it needs --simulate (a live ladder is one job)"
+    if ns.executor == "ray" and not ray_available():
+        return RAY_MISSING
+    if ns.ray_address and ns.executor != "ray":
+        return "--ray-address goes with --executor ray"
+    return None
 
 
 def rig_refusal(ns) -> str | None:
@@ -160,7 +180,7 @@ def main(argv: list[str]) -> int:
             rows = _rows(ns, spec, options) if rig is None else run_rig_ladder(rig, keep=ns.keep)
     except NeuronaBoxError as exc:  # UsageError, PerfError (a bad simulation request): 2; LaunchError: 1
         print(f"neuronabox: error: {exc}", file=sys.stderr)
-        return 1 if type(exc).__name__ in ("LaunchError", "RigRunError") else 2
+        return 1 if type(exc).__name__ in ("LaunchError", "RigRunError", "SizeFailed") else 2
     except (Interrupted, KeyboardInterrupt) as exc:  # the run is stopped already (run_job's cleanup)
         signum = signum_of(exc)
         print(f"neuronabox: interrupted ({signal.Signals(signum).name}); the run is stopped", file=sys.stderr)
@@ -173,6 +193,11 @@ def main(argv: list[str]) -> int:
 
 
 def _rows(ns, spec, options: dict) -> list:
+    if ns.simulate and ns.executor == "ray":
+        sim = {"topology": ns.topology, "delay_model": ns.delay_model, "inject": ns.inject}
+        if ns.backend == "nccl":
+            sim["channels"] = ns.nccl_channels
+        return simulate_ladder_on_ray(ns.ray_address, spec, ns.nnodes, ns.nproc_per_node, ns.backend, sim)
     if ns.simulate and ns.backend == "nccl":
         return simulate_nccl_ladder(spec, ns.nnodes, ns.nproc_per_node, topology=ns.topology,
                                     delay_model=ns.delay_model, inject=ns.inject,

@@ -16,6 +16,7 @@ import sys
 from neuronabox.args import ArgParser
 from neuronabox.launcher.interrupts import Interrupted, raised_as_interrupted, signum_of
 from neuronabox.launcher.job import job_from_args
+from neuronabox.launcher.member import MemberRun
 from neuronabox.launcher.reaping import become_subreaper
 from neuronabox.launcher.run import LaunchError, Run
 from neuronabox.launcher.torchrun_args import UsageError, parse
@@ -37,12 +38,20 @@ def build_parser() -> ArgParser:
         "the world (--nnodes x --nproc-per-node).",
         epilog="Other torchrun flags (--max-restarts, --log-dir, ...) are passed to torchrun; see\n"
         "`python -m torch.distributed.run --help`. torchrun's flags are also read from PET_* variables.\n"
-        "The launcher sets --node-rank for each real node; --standalone and other rendezvous backends\n"
-        "are refused.",
+        "Without --node-rank the launcher runs every real node here; with it, each real node's host runs\n"
+        "the same command with its own --node-rank (docs/guide.md, \"Real nodes on several hosts\"). --standalone and\n"
+        "other rendezvous backends are refused.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("script", metavar="script.py", help="the script (-m: a module, --no-python: a program)")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="script args", help="the script's own arguments")
+    add_world_flags(p)
+    return p
+
+
+def add_world_flags(p: ArgParser) -> None:
+    """The flags `neuronabox torchrun` and `neuronabox controller` share: the world, the
+    emulation and torchrun's rendezvous."""
     ours = p.add_argument_group("neuronabox flags")
     flag = ours.add_argument
     flag("--real-nodes", metavar="N[,N..]", help="the nodes that really run (default 0)")
@@ -100,6 +109,12 @@ def build_parser() -> ArgParser:
     flag("--nccl-algo", metavar="ring", help="NCCL's algorithm, pinned in the real ranks (the controller plays ring)")
     flag("--nccl-channels", metavar="K", help="NCCL's channel count, pinned (default 1)")
     flag("--nccl-route", metavar="socket", help="NCCL's transport to the controller: its Socket net (the one played)")
+    flag(
+        "--join-timeout",
+        metavar="SECONDS",
+        help="several hosts: how long the head waits for every other real node's launcher, and they for it "
+        "(default 300)",
+    )
     torchrun = p.add_argument_group("torchrun flags (torchrun's own; also read from PET_* variables)")
     flag = torchrun.add_argument
     flag("--nnodes", metavar="N", help="the emulated world's nodes (default 1)")
@@ -108,10 +123,15 @@ def build_parser() -> ArgParser:
     flag("--master-port", metavar="PORT", help="the store's port (default: a free one)")
     flag("--rdzv-endpoint", metavar="HOST:PORT", help="the store, for the static rendezvous (over --master-*)")
     flag("--rdzv-backend", metavar="static", help="only the static rendezvous can be emulated")
-    flag("--rdzv-id", metavar="ID", help="the run's id (default nbx<launcher pid>)")
+    flag(
+        "--node-rank",
+        metavar="K",
+        help="several hosts: this host runs real node K only (the same command on each real node's host); "
+        "node 0's host runs the controller, or `neuronabox controller` does when node 0 is emulated",
+    )
+    flag("--rdzv-id", metavar="ID", help="the run's id (default nbx<launcher pid>; several hosts: nbx-<port>)")
     flag("-m", "--module", action="store_true", help="run the script as a module (python -m)")
     flag("--no-python", action="store_true", help="run the script as a program, not with python")
-    return p
 
 
 def main(argv: list[str]) -> int:
@@ -124,17 +144,19 @@ def main(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"neuronabox: error: {exc}", file=sys.stderr)
         return 2
-    run = Run(job)
+    run = Run(job) if job.runs_controller else MemberRun(job)
     become_subreaper()  # a worker whose agent dies is reparented here, and stopped with the run
     with raised_as_interrupted():
-        return _run(run)
+        return run_to_end(run)
 
 
-def _run(run: Run) -> int:
+def run_to_end(run: Run) -> int:
     last: list[str] = []  # said once the run is stopped, after torchrun's own last words
     try:
-        result = run.execute()
-        print(result.summary, flush=True)
+        if isinstance(run, MemberRun):  # one real node's host: the head sends the run's summary
+            print(run.join_and_run(), flush=True)
+        else:
+            print(run.execute().summary, flush=True)
         shutil.rmtree(run.dir, ignore_errors=True)  # kept on failure: controller.log is there
         return 0
     except UsageError as exc:

@@ -22,7 +22,7 @@ from neuronabox.launcher.job import Job, job_from_args
 from neuronabox.launcher.reaping import subreaper
 from neuronabox.launcher.result import KindStats, RunResult
 from neuronabox.launcher.run import Run
-from neuronabox.launcher.torchrun_args import parse
+from neuronabox.launcher.torchrun_args import UsageError, parse
 
 
 def options_to_argv(options: dict[str, object]) -> list[str]:
@@ -86,6 +86,9 @@ def run_job(job: Job) -> RunResult:
 
 
 def _run(job: Job) -> RunResult:
+    if not job.runs_controller:
+        raise UsageError("node_rank: the API runs the head (node 0's host); another host runs its node with "
+                         "`neuronabox torchrun --node-rank K`")  # fmt: skip
     run = Run(job)
     ok = False
     try:

@@ -47,7 +47,9 @@ DEFAULT_TIMEOUT_S = 1800.0  # the watchdog's default: torch's default process-gr
 # torchrun flags the launcher gives each real node itself, from the Job: not passed through.
 SET_BY_LAUNCHER = (
     "--master-addr", "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--nnodes", "--nproc-per-node",
+    "--node-rank",
 )  # fmt: skip
+DEFAULT_JOIN_TIMEOUT_S = 300.0  # several hosts: how long the head waits for the others (torchrun's join timeout)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class Job:
     placement_note: str = ""  # the one line the launcher prints about where the processes run
     skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
     local_work: str = "measured"  # the emulated ranks' own work: measured (no topology's), or the topology's only
+    # Several hosts (hosts.py): this host's real node (--node-rank), or the controller alone.
+    node_rank: int | None = None  # None: every real node runs here
+    controller_only: bool = False  # `neuronabox controller`: the head, with no real node here
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
 
     @property
     def world_size(self) -> int:
@@ -107,15 +113,39 @@ class Job:
         """How torchrun starts the script: "program" (--no-python), "module" (-m) or "script"."""
         return _runs_as(self.torchrun_flags)
 
+    @property
+    def multi_host(self) -> bool:
+        """Real nodes on several hosts, each host's launcher running its own."""
+        return self.node_rank is not None or self.controller_only
+
+    @property
+    def local_nodes(self) -> tuple[int, ...]:
+        """The real nodes this launcher starts."""
+        if self.controller_only:
+            return ()
+        return self.real_nodes if self.node_rank is None else (self.node_rank,)
+
+    @property
+    def runs_controller(self) -> bool:
+        """This launcher is the head: it runs the controller (node 0's, or the controller alone)."""
+        return self.controller_only or self.node_rank in (None, 0)
+
+    @property
+    def remote_nodes(self) -> list[int]:
+        """The real nodes other hosts' launchers start (the head's members)."""
+        return [n for n in self.real_nodes if n not in self.local_nodes]
+
     def host_of(self, node: int) -> Host:
         """Where a real node runs: its testbed host, or here."""
         return self.placement.nodes[node] if self.placement else Host(f"node{node}", self.master_addr)
 
 
-def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> Job:
+def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, controller_only: bool = False) -> Job:
     """The job a `neuronabox torchrun` command line describes, checked: a `UsageError`
-    with the one-line cause for the first thing wrong, in the order the flags are read."""
-    check_script(args)
+    with the one-line cause for the first thing wrong, in the order the flags are read.
+    `controller_only`: `neuronabox controller`'s (the same flags, no script, no real node here)."""
+    if not controller_only:
+        check_script(args)
     nnodes = int_flag(args, ("--nnodes",), 1)
     nproc = int_flag(args, ("--nproc-per-node",), 1)
     refused = check_world(nnodes, nproc)
@@ -153,10 +183,13 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     inject = tuple(args.repeated.get("--inject", []))
     _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
     placement_arg = args.ours.get("--placement")
+    node_rank = _node_rank(args, nnodes, real_nodes, direct_ranks, controller_only)
+    multi_host = node_rank is not None or controller_only
+    here = real_nodes if node_rank is None else [node_rank]
     placement = _placement(placement_arg, set(real_nodes) | {r // nproc for r in direct_ranks})
     cores, note = None, ""
-    if placement_arg is None:
-        ranks_on = {n: nproc for n in real_nodes}
+    if placement_arg is None and not controller_only:
+        ranks_on = {n: nproc for n in here}
         for r in direct_ranks:
             ranks_on[r // nproc] = ranks_on.get(r // nproc, 0) + 1
         cores, note = plan_cores(ranks_on, this_machine())
@@ -168,13 +201,15 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
     if nccl is not None and data == "mirror":
         raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")
-    if trace:
+    runs_controller = controller_only or node_rank in (None, 0)
+    if trace and runs_controller:  # the head's host writes it; the others take the same flags
         check_writable("--trace", trace)
         check_not_the_script("--trace", trace, args)
         check_not_being_written("--trace", trace)
     if output is not None and str(output) != os.devnull:  # the ranks' output is only appended to: a sink will do
         check_writable("output", str(output))
-    check_port_free(master_addr, master_port)
+    if runs_controller:
+        check_port_free(master_addr, master_port)
     release = check_nccl(nccl, dict(os.environ), device) if nccl is not None else ""
     return Job(
         nnodes=nnodes,
@@ -183,9 +218,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         direct_ranks=tuple(direct_ranks),
         master_addr=master_addr,
         master_port=master_port,
-        run_id=args.get("--rdzv-id") or f"nbx{os.getpid()}",
+        run_id=args.get("--rdzv-id") or (f"nbx-{master_port}" if multi_host else f"nbx{os.getpid()}"),
         gloo_mode=gloo_mode,
-        gloo_host=args.ours.get("--gloo-host", "127.0.0.2"),
+        gloo_host=args.ours.get("--gloo-host", master_addr if multi_host else "127.0.0.2"),
         backend=backend,
         nccl=nccl,
         topology=topo,
@@ -198,7 +233,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         placement=placement,
         script=tuple(args.script),
         torchrun_flags=tuple((f, v) for f, v in args.torchrun if f not in SET_BY_LAUNCHER),
-        trace=str(Path(trace).resolve()) if trace else None,
+        trace=str(Path(trace).resolve()) if trace and runs_controller else None,
         output=Path(output) if output is not None else None,
         nccl_device=device,
         nccl_release=release,
@@ -206,6 +241,9 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None) -> 
         placement_note=note,
         skew=skew,
         local_work=local_work,
+        node_rank=node_rank,
+        controller_only=controller_only,
+        join_timeout_s=_timeout(args.ours.get("--join-timeout"), "--join-timeout", DEFAULT_JOIN_TIMEOUT_S),
     )
 
 
@@ -254,16 +292,53 @@ def _topology(name: str, nnodes: int, nproc: int) -> str:
     return name
 
 
-def _timeout(raw: str | None) -> float:
+def _timeout(raw: str | None, flag: str = "--timeout", default: float = DEFAULT_TIMEOUT_S) -> float:
     if raw is None:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
     if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--timeout takes a positive number of seconds, got {raw!r}")
+        raise UsageError(f"{flag} takes a positive number of seconds, got {raw!r}")
     return value
+
+
+def _node_rank(
+    args: LaunchArgs, nnodes: int, real_nodes: list[int], direct_ranks: list[int], controller_only: bool
+) -> int | None:
+    """This host's real node when the real nodes run on several hosts (--node-rank, as each
+    host's torchrun takes it), else None; refused, in one line, where several hosts cannot
+    work: without the store's address agreed, with a part of a node, on a testbed."""
+    raw = args.get("--node-rank")
+    if raw is None and not controller_only:
+        return None
+    addr, port = master_endpoint(args)
+    where = "--node-rank" if raw is not None else "neuronabox controller"
+    if not addr or not port:
+        raise UsageError(f"{where} needs --master-addr and --master-port: every host names the same store")
+    if direct_ranks:
+        raise UsageError(f"{where} runs whole real nodes, one a host: give --real-nodes, not --real-ranks")
+    if args.ours.get("--placement") not in (None, "off"):
+        raise UsageError(f"{where} places each real node on its own host: drop --placement")
+    if args.ours.get("--backend", "gloo") != "gloo":
+        raise UsageError(f"{where}: several hosts run Gloo jobs (NCCL's profiler lines reach the controller by a FIFO)")
+    if controller_only:
+        if raw is not None:
+            raise UsageError("neuronabox controller runs no real node: drop --node-rank")
+        if 0 in real_nodes:
+            raise UsageError("node 0 is real: the controller runs with node 0's launcher (--node-rank 0), not alone")
+        return None
+    try:
+        node = int(raw)
+    except ValueError:
+        raise UsageError(f"{args.origin('--node-rank')} takes a node index, got {raw!r}") from None
+    if not 0 <= node < nnodes:
+        raise UsageError(f"{args.origin('--node-rank')} {node} is outside the world's {nnodes} nodes (0..{nnodes - 1})")
+    if node not in real_nodes:
+        nodes = ",".join(map(str, real_nodes))
+        raise UsageError(f"{args.origin('--node-rank')} {node} is not a real node (--real-nodes {nodes})")
+    return node
 
 
 def _check_inject(specs: tuple[str, ...], world: int, real_ranks: list[int], timeout_s: float) -> None:

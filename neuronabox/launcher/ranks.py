@@ -30,7 +30,8 @@ def ranks_env(
     env = without_pet(os.environ)  # read into the Job; torchrun would take them over our flags
     if mark:
         env[RUN_MARK] = mark
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if not job.multi_host:  # one host: every rank and the controller on loopback
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env["NEURONABOX_REAL_RANKS"] = ",".join(map(str, job.real_ranks))
     env["NEURONABOX_WORLD_SIZE"] = str(job.world_size)
     if job.lazy:
@@ -43,11 +44,11 @@ def ranks_env(
         env["NEURONABOX_DATA"] = job.data
         # The observer reads recent entries only; a dump of 64 costs ~0.5 ms, of 1024 ~18 ms.
         env.setdefault("TORCH_FR_BUFFER_SIZE", "64")
-    if 0 in job.real_nodes:  # node 0's torchrun hosts the store: on the run's address only
+    if 0 in job.local_nodes:  # node 0's torchrun hosts the store: on the run's address only
         env.update(store.agent_env(job.master_addr, job.master_port))
     if job.nccl is not None:
         env.update(nccl_env(job, nccl_profile, env.get("LD_LIBRARY_PATH")))
-    if job.observer or 0 in job.real_nodes or job.nccl is not None:
+    if job.observer or 0 in job.local_nodes or job.nccl is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE_DIR), env.get("PYTHONPATH")]))
     return env
 

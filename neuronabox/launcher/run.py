@@ -23,6 +23,7 @@ from neuronabox.errors import NeuronaBoxError
 from neuronabox.fidelity.testbed import Host
 from neuronabox.launcher import registry
 from neuronabox.launcher.cores import pin
+from neuronabox.launcher.hosts import HeadLink, MemberLink, job_facts
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
@@ -36,6 +37,7 @@ CONTROLLER_STALLED = 4  # the controller's exit status when its watchdog ended t
 CONTROLLER_STORE_LOST = 5  # ... when the store a real node's agent hosts went away
 MIN_TORCH = (2, 2)
 OUTPUT_EOF_S = 3.0  # at the end, how long to wait for the real nodes' stderr to close
+HOST_SETTLE_S = 1.0  # a node's failure may follow another host's loss: how long the head waits to hear of it
 
 
 class LaunchError(NeuronaBoxError, RuntimeError):
@@ -89,6 +91,8 @@ class Run:
         self.shutdown_error = ""  # why the final status did not come, when it did not
         self.control_token = ""  # what the control service asks of every call
         self.control_addr = ""
+        self.link: HeadLink | None = None  # several hosts, the head: the other hosts' launchers
+        self.member: MemberLink | None = None  # several hosts, a member (`member.MemberRun`): the head
 
     @property
     def mark(self) -> str:
@@ -105,6 +109,7 @@ class Run:
     def controller_config(self) -> ControllerConfig:
         job = self.job
         here = job.placement.controller if job.placement else None  # the launcher runs on the controller's host
+        cluster_side = job.master_addr if job.multi_host else "127.0.0.1"  # where other hosts' ranks reach us
         return ControllerConfig(
             nnodes=job.nnodes,
             nproc_per_node=job.nproc_per_node,
@@ -114,7 +119,7 @@ class Run:
             run_id=job.run_id,
             lazy=job.lazy,
             gloo_host=here.address if here else job.gloo_host,
-            observer_host=here.address if here else "127.0.0.1",
+            observer_host=here.address if here else cluster_side,
             ready_file=str(self.dir / "ready.json"),
             trace_file=self.trace_path,
             observer=job.observer,
@@ -131,6 +136,7 @@ class Run:
             nccl_release=job.nccl_release,
             nccl_channels=job.nccl.channels if job.nccl else 1,
             nccl_profile=self.nccl_profile if job.nccl else "",
+            member_link=self.link.address if self.link else "",
         )
 
     @property
@@ -183,9 +189,9 @@ class Run:
         return f"the controller exited with status {code}"
 
     def start_ranks(self, env: dict[str, str]) -> None:
-        """A stock torchrun for each real node, and each real rank started directly."""
+        """A stock torchrun for each real node here, and each real rank started directly."""
         job = self.job
-        for node in job.real_nodes:
+        for node in job.local_nodes:
             self.torchruns.append(self.spawn(job.host_of(node), node_command(job, node), env, node))
         for rank in job.direct_ranks:
             node = rank // job.nproc_per_node
@@ -229,17 +235,32 @@ class Run:
 
     # -- the run ------------------------------------------------------------------------
     def execute(self) -> RunResult:
+        """The whole run, from this host: the head's (the controller with it). A LaunchError
+        on the way is told to the other hosts' launchers, when there are any."""
+        try:
+            return self._execute()
+        except LaunchError as exc:
+            if self.link is not None:
+                self.link.end(str(exc))
+            raise
+
+    def _execute(self) -> RunResult:
+        job = self.job
         env = dict(os.environ)
         if torch_version(sys.executable, env) < MIN_TORCH:
             raise LaunchError("this torch's Gloo rank-record layout is not supported: NeuronaBox needs torch >= 2.2")
-        if self.job.placement_note:
-            print(self.job.placement_note, flush=True)
+        if job.placement_note:
+            print(job.placement_note, flush=True)
+        if job.multi_host:
+            join_by = time.monotonic() + job.join_timeout_s
+            self.link = HeadLink(job.master_addr, job.remote_nodes, job_facts(job), join_by)
+            self.link.join_s = job.join_timeout_s
         info = self.start_controller()
-        self.start_ranks(
-            ranks_env(
-                self.job, info["observer"], info["observer_secret"], mark=self.mark, nccl_profile=self.nccl_profile
-            )
-        )
+        if self.link is not None:
+            self.link.welcome = {"observer": info["observer"], "observer_secret": info["observer_secret"]}
+            print(f"neuronabox: waiting for real nodes {_nodes(job.remote_nodes)} at {self.link.address}", flush=True)
+        self.start_ranks(ranks_env(job, info["observer"], info["observer_secret"], mark=self.mark,
+                                   nccl_profile=self.nccl_profile))  # fmt: skip
         while True:
             if self.controller.poll() is not None:
                 status = self.controller.returncode
@@ -251,11 +272,15 @@ class Run:
                 raise LaunchError(f"controller failed: {self.controller_cause()}")
             first = first_failure(self.nodes)
             if first is not None:
+                if self.link is not None:
+                    self.watch_hosts(local_failure=True)  # a host lost meanwhile is the cause
                 reply = self.shutdown(f"real node {first.node} failed: {first.what()}")
                 if reply is not None and reply.error:
                     raise LaunchError(f"{reply.error} (real node {first.node}: {first.what()})")
                 raise LaunchError(f"the job failed on real node {first.node}: {first.what()}")
-            if all(p.poll() == 0 for p in self.torchruns):
+            if self.link is not None:
+                self.watch_hosts()
+            if all(p.poll() == 0 for p in self.torchruns) and (self.link is None or self.link.all_done):
                 break
             self.ranks.refresh()  # a worker torchrun started is known before its agent can die
             time.sleep(0.1)
@@ -270,7 +295,22 @@ class Run:
         if reply.state == "failed":
             raise LaunchError(f"controller failed: {reply.error}")
         header, footer = tracefile.ends(self.trace_path)
-        return result_of(reply, header, footer, self.trace_path)
+        result = result_of(reply, header, footer, self.trace_path)
+        if self.link is not None:
+            self.link.end("", result.summary)
+        return result
+
+    def watch_hosts(self, local_failure: bool = False) -> None:
+        """The head: say who joined; end the run (LaunchError, once the controller is told)
+        when another host's node failed, its host is gone, or it never joined
+        (`HeadLink.verdict`; `local_failure`: a node here failed, and only a host's loss
+        can be the cause instead)."""
+        assert self.link is not None
+        joined = lambda ev: print(f"neuronabox: real node {ev.node} joined from {ev.cause}", flush=True)  # noqa: E731
+        cause = self.link.verdict(time.monotonic, local_failure, HOST_SETTLE_S, on_join=joined)
+        if cause:
+            self.shutdown(cause)
+            raise LaunchError(cause)
 
     def let_real_ranks_fail(self, grace: float = 15.0) -> None:
         """With the controller gone the real ranks' next collective fails on its own;
@@ -320,4 +360,12 @@ class Run:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+            if self.link is not None:  # idempotent: a run that ended told the hosts already
+                self.link.end("the head's launcher stopped")
+            if self.member is not None:
+                self.member.close()
         registry.leave()
+
+
+def _nodes(nodes: list[int]) -> str:
+    return ",".join(map(str, nodes))

@@ -44,13 +44,12 @@ OURS = {
     "--device",
     "--skew",
     "--local-work",
+    "--join-timeout",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
 OUR_SWITCHES = {"--no-observer"}
 REFUSED = {
     "--standalone": "--standalone runs a single node; give --nnodes for the emulated world",
-    "--node-rank": "the launcher sets --node-rank for each real node; use --real-nodes",
-    "--node_rank": "the launcher sets --node-rank for each real node; use --real-nodes",
 }
 
 
@@ -66,9 +65,10 @@ PET_FLAGS = {
     "PET_RDZV_ID": "--rdzv-id",
     "PET_MASTER_ADDR": "--master-addr",
     "PET_MASTER_PORT": "--master-port",
+    "PET_NODE_RANK": "--node-rank",
 }
 PET_SWITCHES = {"PET_MODULE": "--module", "PET_NO_PYTHON": "--no-python", "PET_RUN_PATH": "--run-path"}
-PET_IGNORED = {"PET_NODE_RANK", "PET_STANDALONE"}  # the launcher sets each node's rank; standalone is refused
+PET_IGNORED = {"PET_STANDALONE"}  # standalone is refused
 PET_VARS = {*PET_FLAGS, *PET_SWITCHES, *PET_IGNORED}
 _CANONICAL = {"-m": "--module", "--no_python": "--no-python", "--run_path": "--run-path"}
 
@@ -101,9 +101,10 @@ class LaunchArgs:
         self.torchrun = [(f, v) for f, v in self.torchrun if f not in names]
 
 
-def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchArgs:
+def parse(argv: list[str], environ: Mapping[str, str] | None = None, script: bool = True) -> LaunchArgs:
     """The command line, with torchrun's PET_* variables (from `environ`, by default
-    os.environ) as defaults for the flags it lacks."""
+    os.environ) as defaults for the flags it lacks. `script` False: a command that runs
+    none (`neuronabox controller`), which refuses one."""
     out = LaunchArgs()
     i = 0
     while i < len(argv):
@@ -141,8 +142,10 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> LaunchAr
         i += 1
     if out.help:
         return out
-    if not out.script:
+    if script and not out.script:
         raise UsageError("no training script given")
+    if not script and out.script:
+        raise UsageError(f"this command runs no script ({out.script[0]!r}): the real nodes' hosts run it")
     _pet_defaults(out, os.environ if environ is None else environ)
     return out
 

@@ -6,8 +6,10 @@ row's time is what the network alone gives a punctual rank."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
+from neuronabox.errors import NeuronaBoxError
 from neuronabox.perf.ladder import PerfError, PerfSpec, nccl_count
 from neuronabox.perf.table import Row
 from neuronabox.sim.simulate import REPLAYED, Op, Program, network_of, simulate
@@ -66,3 +68,36 @@ def simulate_nccl_ladder(spec: PerfSpec, nnodes: int, nproc_per_node: int, *, to
                 model.append(inst.predicted)
         rows.append(Row(size, size // spec.elem, statistics.fmean(spans), None, statistics.fmean(model)))
     return rows
+
+
+class SizeFailed(NeuronaBoxError, RuntimeError):
+    """One size of a ladder simulated on an executor failed; the message names it."""
+
+
+def simulate_size(point, spec: PerfSpec, nnodes: int, nproc_per_node: int, backend: str, options: dict) -> Row:
+    """The ladder's row for one size (`point.value`), alone: an executor's task (top level,
+    so a Ray worker imports it). The sizes of a ladder are independent: each begins with
+    its own warm-up calls, back to back after the last size's end, which no state
+    outlives, so one size alone gives the same row as in the whole ladder, to float
+    rounding (it starts at virtual time 0; the tests check it)."""
+    one = dataclasses.replace(spec, sizes=(int(point.value),))
+    if backend == "nccl":
+        return simulate_nccl_ladder(one, nnodes, nproc_per_node, **options)[0]
+    return simulate_ladder(one, nnodes, nproc_per_node, **options)[0]
+
+
+def simulate_ladder_on_ray(address: str | None, spec: PerfSpec, nnodes: int, nproc_per_node: int, backend: str,
+                           options: dict) -> list[Row]:  # fmt: skip
+    """The ladder with each size a Ray task of one CPU (`sim.points.run_ray`: the cluster at
+    `address`, or one of this machine's own); rows in the ladder's order, or SizeFailed
+    naming a size that failed."""
+    from neuronabox.sim.points import Point, run_ray
+    from neuronabox.sim.points import Row as FailedPoint
+
+    points = [Point(i, str(size), float(size), "", "", "") for i, size in enumerate(spec.sizes)]
+    rows: dict[int, Row] = {}
+    for result in run_ray(points, simulate_size, (spec, nnodes, nproc_per_node, backend, options), address, 1.0):
+        if isinstance(result, FailedPoint):
+            raise SizeFailed(f"size {result.point.label} B: {result.cause}")
+        rows[result.bytes] = result
+    return [rows[size] for size in spec.sizes]
