@@ -203,8 +203,7 @@ def poll_until(link: HeadLink, want: int, timeout: float = 10) -> list:
     events: list = []
     deadline = time.monotonic() + timeout
     while len(events) < want and time.monotonic() < deadline:
-        events += link.poll(time.monotonic())
-        time.sleep(0.01)
+        events += link.poll(time.monotonic(), wait=0.1)
     return events
 
 
@@ -223,15 +222,14 @@ def joining(link: HeadLink, node: int, facts: dict) -> MemberLink:
     t = threading.Thread(target=go)
     t.start()
     while t.is_alive():
-        link.poll(time.monotonic())
-        time.sleep(0.01)
+        link.poll(time.monotonic(), wait=0.05)
     if "error" in box:
         raise box["error"]
     return box["member"]
 
 
 def test_the_head_link_welcomes_refuses_and_tracks_each_member():
-    link = HeadLink("127.0.0.1", [1, 2], FACTS, join_by=time.monotonic() + 60)
+    link = HeadLink("127.0.0.1", [1, 2], FACTS, join_s=60, now=time.monotonic())
     link.welcome = {"observer": "127.0.0.1:1", "observer_secret": "s"}
     try:
         with pytest.raises(HostLinkError, match="this host's flags differ from the head's: nnodes is 8 there"):
@@ -255,8 +253,7 @@ def test_the_head_link_welcomes_refuses_and_tracks_each_member():
 
 
 def test_a_member_whose_link_closes_is_gone_and_one_never_seen_is_absent():
-    link = HeadLink("127.0.0.1", [1, 2], FACTS, join_by=time.monotonic() + 1.0)
-    link.join_s = 1.0
+    link = HeadLink("127.0.0.1", [1, 2], FACTS, join_s=1.0, now=time.monotonic())
     link.welcome = {}
     try:
         one = joining(link, 1, FACTS)

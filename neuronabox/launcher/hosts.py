@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from neuronabox.errors import NeuronaBoxError
+from neuronabox.store import store_listener
 
 MAX_LINE = 1 << 20  # a summary is a few KiB; a longer line is not ours
 HELLO_WITHIN_S = 10.0  # a connection that says nothing this long is dropped
@@ -154,27 +155,28 @@ def host_cause(ev: HostEvent) -> str:
 
 
 class _Peer:
-    def __init__(self, sock: socket.socket, since: float) -> None:
+    def __init__(self, sock: socket.socket, since: float, where: tuple) -> None:
         self.sock = sock
         self.since = since
         self.lines = Lines()
         self.node: int | None = None  # once it was welcomed
         self.hello: dict | None = None  # its hello, until answered (the welcome may not be known yet)
-        self.where = "{}:{}".format(*sock.getpeername()[:2])
+        self.where = "{}:{}".format(*where[:2])  # as accepted: a peer gone since has no name to ask
 
 
 class HeadLink:
     """The head's side: listens on `host` for the members `members` (real nodes whose
     launchers run elsewhere), tells each the run's `welcome` once it has it, and tracks
-    their states. `facts`: this host's `job_facts`, which every member must match."""
+    their states. `facts`: this host's `job_facts`, which every member must match; a
+    member not joined `join_s` after `now` never joined."""
 
-    def __init__(self, host: str, members: list[int], facts: dict, join_by: float) -> None:
+    def __init__(self, host: str, members: list[int], facts: dict, join_s: float, now: float) -> None:
         self.states = {n: MemberState.AWAITED for n in members}
         self.facts = facts
-        self.join_by = join_by
-        self.join_s = 0.0
+        self.join_s = join_s
+        self.join_by = now + join_s
         self.welcome: dict | None = None
-        self.listener = socket.create_server((host, 0), family=_family(host), backlog=64)
+        self.listener = store_listener(host, 0)
         self.listener.setblocking(False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
@@ -197,10 +199,11 @@ class HeadLink:
         self.states[node] = to
         return HostEvent(node, to, cause)
 
-    def poll(self, now: float) -> list[HostEvent]:
-        """What happened since the last call (never blocks)."""
+    def poll(self, now: float, wait: float = 0.0) -> list[HostEvent]:
+        """What happened since the last call, waiting up to `wait` seconds for a member to say
+        something (0: never blocks)."""
         events: list[HostEvent] = []
-        for key, _ in self.sel.select(timeout=0):
+        for key, _ in self.sel.select(timeout=wait):
             if key.fileobj is self.listener:
                 self._accept(now)
             else:
@@ -227,8 +230,8 @@ class HeadLink:
         lost = (MemberState.GONE, MemberState.ABSENT)
         causes = lost if local_failure else (*lost, MemberState.FAILED)
 
-        def bad_events() -> list[HostEvent]:
-            events = self.poll(clock())
+        def bad_events(wait: float = 0.0) -> list[HostEvent]:
+            events = self.poll(clock(), wait)
             for ev in events:
                 if ev.state is MemberState.RUNNING:
                     on_join(ev)
@@ -239,13 +242,12 @@ class HeadLink:
             return ""
         settle_by = clock() + settle_s
         while not any(ev.state in lost for ev in bad) and clock() < settle_by:
-            time.sleep(0.05)
-            bad += bad_events()
+            bad += bad_events(wait=max(0.0, settle_by - clock()))
         return host_cause(min(bad, key=lambda ev: ev.state not in lost)) if bad else ""
 
     def _accept(self, now: float) -> None:
         try:
-            sock, _ = self.listener.accept()
+            sock, where = self.listener.accept()
         except BlockingIOError:
             return
         if sum(p.node is None for p in self.peers.values()) >= MAX_PENDING:
@@ -253,7 +255,7 @@ class HeadLink:
             return
         keep_alive(sock)
         sock.setblocking(False)
-        self.peers[sock] = _Peer(sock, now)
+        self.peers[sock] = _Peer(sock, now, where)
         self.sel.register(sock, selectors.EVENT_READ)
 
     def _read(self, peer: _Peer) -> list[HostEvent]:
@@ -399,7 +401,10 @@ class MemberLink:
         """The head's end message once it came (a closed link ends with a cause of its own)."""
         if self.ended is not None:
             return self.ended
-        self.sock.settimeout(timeout) if timeout > 0 else self.sock.setblocking(False)
+        if timeout > 0:
+            self.sock.settimeout(timeout)
+        else:
+            self.sock.setblocking(False)
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, TimeoutError):
@@ -422,6 +427,3 @@ class MemberLink:
     def close(self) -> None:
         self.sock.close()
 
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]

@@ -116,7 +116,7 @@ class Job:
     @property
     def multi_host(self) -> bool:
         """Real nodes on several hosts, each host's launcher running its own."""
-        return self.node_rank is not None or self.controller_only
+        return several_hosts(self.node_rank, self.controller_only)
 
     @property
     def local_nodes(self) -> tuple[int, ...]:
@@ -128,7 +128,7 @@ class Job:
     @property
     def runs_controller(self) -> bool:
         """This launcher is the head: it runs the controller (node 0's, or the controller alone)."""
-        return self.controller_only or self.node_rank in (None, 0)
+        return is_head(self.node_rank, self.controller_only)
 
     @property
     def remote_nodes(self) -> list[int]:
@@ -138,6 +138,16 @@ class Job:
     def host_of(self, node: int) -> Host:
         """Where a real node runs: its testbed host, or here."""
         return self.placement.nodes[node] if self.placement else Host(f"node{node}", self.master_addr)
+
+
+def several_hosts(node_rank: int | None, controller_only: bool) -> bool:
+    """The real nodes run on several hosts: this launcher runs one (--node-rank) or none."""
+    return node_rank is not None or controller_only
+
+
+def is_head(node_rank: int | None, controller_only: bool) -> bool:
+    """This launcher runs the controller: on one host always; on several, node 0's or the lone one."""
+    return controller_only or node_rank in (None, 0)
 
 
 def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, controller_only: bool = False) -> Job:
@@ -184,7 +194,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     _check_inject(inject, world, real_ranks_of(real_nodes, nproc, direct_ranks), timeout_s)
     placement_arg = args.ours.get("--placement")
     node_rank = _node_rank(args, nnodes, real_nodes, direct_ranks, controller_only)
-    multi_host = node_rank is not None or controller_only
+    multi_host = several_hosts(node_rank, controller_only)
     here = real_nodes if node_rank is None else [node_rank]
     placement = _placement(placement_arg, set(real_nodes) | {r // nproc for r in direct_ranks})
     cores, note = None, ""
@@ -201,7 +211,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     if nccl is not None and data == "mirror":
         raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")
-    runs_controller = controller_only or node_rank in (None, 0)
+    runs_controller = is_head(node_rank, controller_only)
     if trace and runs_controller:  # the head's host writes it; the others take the same flags
         check_writable("--trace", trace)
         check_not_the_script("--trace", trace, args)

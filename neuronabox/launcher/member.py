@@ -52,9 +52,9 @@ class MemberRun(Run):
             if first is not None:
                 what = first.what()
                 self.member.send({"failed": what})
-                end = self.await_end(FAILED_WAIT_S)
-                if end and end.get("end") and f"real node {node}" not in end["end"]:  # it began elsewhere
-                    raise LaunchError(f"the head ended the run: {end['end']} (real node {node} then: {what})")
+                end = self.await_end(FAILED_WAIT_S)  # the head's cause: this node, or a loss before it
+                if end and end.get("end"):
+                    raise LaunchError(f"the head ended the run: {end['end']}")
                 raise LaunchError(f"the job failed on real node {node}: {what}")
             if all(p.poll() == 0 for p in self.torchruns):
                 break

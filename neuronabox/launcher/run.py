@@ -252,9 +252,8 @@ class Run:
         if job.placement_note:
             print(job.placement_note, flush=True)
         if job.multi_host:
-            join_by = time.monotonic() + job.join_timeout_s
-            self.link = HeadLink(job.master_addr, job.remote_nodes, job_facts(job), join_by)
-            self.link.join_s = job.join_timeout_s
+            self.link = HeadLink(job.master_addr, job.remote_nodes, job_facts(job), job.join_timeout_s,
+                                 time.monotonic())  # fmt: skip
         info = self.start_controller()
         if self.link is not None:
             self.link.welcome = {"observer": info["observer"], "observer_secret": info["observer_secret"]}
