@@ -58,6 +58,8 @@ def load_program(
     real sends it waits for (and `extra_deps`) and those whose bytes it carries. New
     pairs are added to the book and to `index`; returns the pairs that got messages."""
     grown: set[Pair] = set()
+    members = real.members
+    deps_extra = list(extra_deps)
 
     def pair(r: int, e: int) -> int:
         grown.add((r, e))
@@ -66,16 +68,27 @@ def load_program(
             i = index[(r, e)] = book.add_pair(r, e)
         return i
 
+    # Per message this is the live engine's set-up for a new shape (a large world's ring
+    # has 2(W-1) of them): the lookups are hoisted out of the loops.
+    expect_send, expect_recv, origin = book.expect_send, book.expect_recv, schedule.origin
     for r in real.sorted:
+        pairs: dict[int, int] = {}  # emulated peer -> the pair's index
         for m in sends(r):
-            if m.peer not in real:
-                n = post_len(schedule, m)
-                book.expect_send(pair(r, m.peer), m.step, m.nbytes, n, n)
+            if m.peer not in members:
+                i = pairs.get(m.peer)
+                if i is None:
+                    i = pairs[m.peer] = pair(r, m.peer)
+                n = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
+                expect_send(i, m.step, m.nbytes, n, n)
+        pairs = {}
         for m in recvs(r):
-            if m.peer not in real:
-                deps, content = schedule.origin(m.peer, m.step, real)
-                limit = post_len(schedule, m)
-                book.expect_recv(pair(r, m.peer), m.step, m.nbytes, limit, [*deps, *extra_deps], _refs(content))
+            if m.peer not in members:
+                i = pairs.get(m.peer)
+                if i is None:
+                    i = pairs[m.peer] = pair(r, m.peer)
+                deps, content = origin(m.peer, m.step, real)
+                limit = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
+                expect_recv(i, m.step, m.nbytes, limit, [*deps, *deps_extra] if deps_extra else deps, _refs(content))
     return grown
 
 

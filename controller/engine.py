@@ -300,8 +300,7 @@ class Instance:
         if timing is not None:
             if timing.meter is not None:
                 self.turnarounds = book.take_turnarounds()
-            for late in book.take_lateness():
-                timing.record_lateness(late)
+            timing.record_lateness(*book.take_lateness())
             # no emulated send to a real rank: nothing the controller released could hold one up
             lag = book.lag()
             self.lag = (0.0 if timing.active else None) if lag is None else max(0.0, lag)

@@ -162,10 +162,12 @@ class ReleaseTiming:
     def jitter(self, kind: Kind) -> float:
         return self.whatif.jitter(kind)
 
-    def record_lateness(self, seconds: float) -> None:
-        self.late_count += 1
-        if len(self.lateness) < LATENESS_SAMPLES:
-            self.lateness.append(seconds)
+    def record_lateness(self, *seconds: float) -> None:
+        """How late timed releases left (the first LATENESS_SAMPLES kept, all counted)."""
+        self.late_count += len(seconds)
+        room = LATENESS_SAMPLES - len(self.lateness)
+        if room > 0:
+            self.lateness.extend(seconds[:room])
 
     def lateness_summary(self) -> dict:
         xs = sorted(self.lateness)

@@ -52,8 +52,20 @@ class JoinedBytes final : public Bytes {
 
 BytesRef zeros(size_t n) {
   static std::shared_ptr<ZeroBlock> block;
-  if (!block || block->size() < n) block = std::make_shared<ZeroBlock>(std::max(n, size_t{1} << 20));
-  return std::make_shared<ZeroBytes>(block, n);
+  // The last few lengths asked, kept: a ring sends one segment length over and over.
+  static constexpr size_t kKept = 8;
+  static BytesRef kept[kKept];
+  static size_t next = 0;
+  if (!block || block->size() < n) {
+    block = std::make_shared<ZeroBlock>(std::max(n, size_t{1} << 20));
+    for (BytesRef& k : kept) k.reset();  // they hold the old block
+  }
+  for (const BytesRef& k : kept) {
+    if (k && k->size() == n) return k;
+  }
+  BytesRef z = std::make_shared<ZeroBytes>(block, n);
+  kept[next++ % kKept] = z;
+  return z;
 }
 
 Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
@@ -69,16 +81,30 @@ size_t Book::add_pair(int64_t real, int64_t emu) {
   return pairs_.size() - 1;
 }
 
-void Book::load(const Program& program) {
+void Book::load(std::shared_ptr<const Program> program) {
   if (!pairs_.empty()) throw std::logic_error(name_ + ": a program is loaded into an empty book");
-  for (const auto& [real, emu] : program.pairs) add_pair(real, emu);
-  for (const Program::Op& op : program.ops) {
+  for (const auto& [real, emu] : program->pairs) add_pair(real, emu);
+  size_t real_sends = 0;
+  for (const Program::Op& op : program->ops) {
     if (op.real_sends) {
       expect_real_send(op.pair, op.step, op.nbytes, op.limit, op.post_len);
+      ++real_sends;
     } else {
-      expect_real_recv(op.pair, op.step, op.nbytes, op.limit, op.deps, op.content);
+      expect(op);
     }
   }
+  received_.reserve(real_sends);  // one entry per real send: no rehash on the way
+  waiting_.reserve(real_sends);
+  programs_.push_back(std::move(program));
+}
+
+void Book::expect(const Program::Op& op) {
+  PairBook& p = pairs_.at(op.pair);
+  p.recvs.push_back(Expected{op.step, op.nbytes, op.limit, -1});
+  p.recv_ops.push_back(&op);
+  p.last_recv = op.step;
+  ++boundary_;
+  ++remaining_;
 }
 
 void Book::expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len) {
@@ -92,13 +118,9 @@ void Book::expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t l
 
 void Book::expect_real_recv(size_t pair, int64_t step, int64_t nbytes, int64_t limit, std::vector<SendRef> deps,
                             std::vector<SendRef> content) {
-  PairBook& p = pairs_.at(pair);
-  p.recvs.push_back(Expected{step, nbytes, limit, -1});
-  p.recv_deps.push_back(std::move(deps));
-  p.recv_content.push_back(std::move(content));
-  p.last_recv = step;
-  ++boundary_;
-  ++remaining_;
+  pairs_.at(pair);  // names a bad pair before anything is kept
+  own_ops_.push_back(Program::Op{pair, false, step, nbytes, limit, -1, std::move(deps), std::move(content)});
+  expect(own_ops_.back());
 }
 
 void Book::connect(size_t pair, Port* port, Actions& out) {
@@ -227,26 +249,25 @@ void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out)
   const Expected m = p.recvs.front();
   const int64_t n = check_len(p, m, length, "receives");
   p.recvs.pop_front();
-  auto s = std::make_unique<PendingSend>();
+  const Program::Op& op = *p.recv_ops.front();
+  p.recv_ops.pop_front();
+  PendingSend* s = &made_.emplace_back();
   s->pair = pair;
   s->step = m.step;
   s->nbytes = n;
-  s->content = std::move(p.recv_content.front());
-  p.recv_content.pop_front();
-  for (const SendRef& dep : p.recv_deps.front()) {
+  s->content = &op.content;
+  for (const SendRef& dep : op.deps) {
     if (received_.count(dep.key()) == 0) {
       ++s->missing;
-      waiting_[dep.key()].push_back(s.get());
+      waiting_[dep.key()].push_back(s);
     }
   }
-  p.recv_deps.pop_front();
   // Made on the real rank's receive notice: the notice is its first input (Gloo sends
   // only into a posted receive), so a send whose release passed before the notice came
   // waited for the real rank, not for the emulator.
   s->inputs_at = now;
-  const bool ready = s->missing == 0;
-  p.outq.push_back(std::move(s));
-  if (ready) flush(pair, now, out);
+  p.outq.push_back(s);
+  if (s->missing == 0) flush(pair, now, out);
 }
 
 void Book::due(size_t pair, double now, Actions& out) { flush(pair, now, out); }
@@ -291,7 +312,7 @@ BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) const {
 void Book::send(PendingSend& s, double now, Actions& out) {
   PairBook& p = pairs_[s.pair];
   BytesRef payload = source_ ? source_->payload(s.pair, s.step, s.nbytes) : nullptr;
-  if (!payload) payload = bytes_of(s.content, s.nbytes);
+  if (!payload) payload = bytes_of(*s.content, s.nbytes);
   if (static_cast<int64_t>(payload->size()) != s.nbytes) {
     throw ProtocolFault(where(p, "forwarded " + std::to_string(payload->size()) + " bytes into a " +
                                      std::to_string(s.nbytes) + "-byte receive", s.step));

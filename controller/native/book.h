@@ -98,8 +98,9 @@ class Book {
   // -- the program (before the first event) ---------------------------------------
   size_t add_pair(int64_t real, int64_t emu);
   // Every pair and message of `program`, into a book that has none yet (its pair i is
-  // the program's pair i).
-  void load(const Program& program);
+  // the program's pair i). The book keeps the program: its receives' dependencies and
+  // contents are read from it, not copied.
+  void load(std::shared_ptr<const Program> program);
   // The real rank sends `nbytes` (< 0: the wire tells, at most `limit`) at `step`;
   // the emulated side posts a receive of `post_len` (< 0: when the notice tells).
   void expect_real_send(size_t pair, int64_t step, int64_t nbytes, int64_t limit, int64_t post_len);
@@ -165,7 +166,7 @@ class Book {
   struct PendingSend {
     size_t pair;
     int64_t step, nbytes;
-    std::vector<SendRef> content;
+    const std::vector<SendRef>* content;  // in a program's op (loaded, or the book's own)
     int missing = 0;
     bool timed = false, priced = false;
     double release = 0.0;
@@ -177,14 +178,15 @@ class Book {
     Port* port = nullptr;
     std::deque<Expected> sends, data, recvs;      // the real rank's, still to come
     std::deque<int64_t> unposted;                 // receive lengths the emulated side has yet to post
-    std::deque<std::vector<SendRef>> recv_deps, recv_content;  // beside `recvs`
+    std::deque<const Program::Op*> recv_ops;      // beside `recvs`: their deps and contents
     int64_t last_send = -1, last_recv = -1;       // steps, for the error text
-    std::deque<std::unique_ptr<PendingSend>> outq;  // the emulated sends, in posting order
+    std::deque<PendingSend*> outq;                // the emulated sends, in posting order (in `made_`)
   };
 
   std::string where(const PairBook& p, const std::string& what, int64_t step = -1) const;
   [[noreturn]] void unexpected(const PairBook& p, const char* frame, uint64_t length, bool send) const;
   int64_t check_len(const PairBook& p, const Expected& m, uint64_t length, const char* verb) const;
+  void expect(const Program::Op& op);  // a receive of the real rank's, its op kept in place
   void enter(int64_t real, double now);
   void wake(uint64_t key, double now, Actions& out);  // frees the sends that waited on `key`
   void crossed(int64_t real, double now, Actions& out);
@@ -198,6 +200,9 @@ class Book {
   std::shared_ptr<PayloadSource> source_;
   std::shared_ptr<ProgramExtension> extension_;
   std::deque<PairBook> pairs_;  // a deque: a PairBook never moves
+  std::vector<std::shared_ptr<const Program>> programs_;  // loaded: their ops are read in place
+  std::deque<Program::Op> own_ops_;  // receives added one by one (expect_real_recv); never move
+  std::deque<PendingSend> made_;     // every emulated send made; never move
   std::unordered_map<uint64_t, BytesRef> received_;                  // what crossed, by SendRef
   std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
   std::unordered_map<int64_t, std::pair<double, double>> rank_times_;

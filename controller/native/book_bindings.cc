@@ -22,6 +22,7 @@
 
 #include "book.h"
 #include "pyglue.h"
+#include "timing_api.h"
 
 namespace nbx::py {
 namespace {
@@ -71,6 +72,40 @@ class PyClock final : public ReleaseClock {
  private:
   PyRef release_, sent_;  // the bound methods
 };
+
+// A native timeline (neuronabox/schedules/native/timing_api.h), asked with no Python
+// in between; the object is held for as long as the book.
+class NativeClock final : public ReleaseClock {
+ public:
+  NativeClock(PyObject* timeline, const timing::TimingApi* api, void* tl, int kind)
+      : obj_(timeline), api_(api), tl_(tl), kind_(kind) {}
+
+  double release(int64_t emu, int64_t step) override {
+    return api_->release(tl_, kind_, static_cast<int>(emu), static_cast<int>(step));
+  }
+  void real_sent(int64_t real, int64_t step, double t) override {
+    api_->real_sent(tl_, kind_, static_cast<int>(real), static_cast<int>(step), t);
+  }
+
+ private:
+  PyRef obj_;
+  const timing::TimingApi* api_;
+  void* tl_;
+  int kind_;
+};
+
+// The timing module's C API, imported once (null: not there, and Python calls serve).
+const timing::TimingApi* timing_api() {
+  static const timing::TimingApi* api = [] {
+    auto* p = static_cast<const timing::TimingApi*>(PyCapsule_Import(timing::kTimingApiCapsule, 0));
+    if (p == nullptr || p->version != timing::kTimingApiVersion) {
+      PyErr_Clear();
+      return static_cast<const timing::TimingApi*>(nullptr);
+    }
+    return p;
+  }();
+  return api;
+}
 
 // An emulated send's bytes from Python (`payload(pair, step, nbytes)`: bytes-like, or
 // None for the book's own rule).
@@ -135,6 +170,7 @@ struct CoreObject {
   PyObject* emit;     // emit(conn): frames queued on a pair with no socket
   PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (wait)
   int pyfd;  // Python's own epoll, in ours (also())
+  CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
 };
 
 struct BookObject {
@@ -151,7 +187,8 @@ struct BookObject {
 // A recorded boundary program (book.h's Program), shared by the instances of one shape.
 struct ProgramObject {
   PyObject_HEAD
-  Program* program;
+  std::shared_ptr<Program>* program;  // shared with the books it is loaded into
+  bool sealed;  // loaded into a book, which reads its ops in place: it grows no more
 };
 
 PyTypeObject CoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -228,7 +265,9 @@ bool call1(PyObject* fn, PyObject* arg) {
 bool apply(BookObject* b, Actions& a) {
   CoreObject* core = b->core;
   for (const auto& [when, pair] : a.timers) {
-    if (core->call_at != Py_None) {
+    if (core->sink != nullptr) {
+      core->sink->timer(when, reinterpret_cast<PyObject*>(b), pair);
+    } else if (core->call_at != Py_None) {
       PyObject* r = PyObject_CallFunction(core->call_at, "dOn", when, reinterpret_cast<PyObject*>(b),
                                           static_cast<Py_ssize_t>(pair));
       if (r == nullptr) return false;
@@ -252,7 +291,7 @@ bool apply(BookObject* b, Actions& a) {
       return false;
     }
     if (po->fd < 0) {
-      if (!call1(core->emit, conn)) return false;
+      if (!(core->sink != nullptr ? core->sink->emit(conn, po) : call1(core->emit, conn))) return false;
       continue;
     }
     int err = 0;
@@ -271,10 +310,33 @@ bool apply(BookObject* b, Actions& a) {
   return true;
 }
 
+// Actions for book calls, reused: a call that runs inside another's hooks takes the next.
+// Their vectors keep their capacity, so a frame costs no allocation for what it asks.
+class ActionsLease {
+ public:
+  ActionsLease() {
+    if (depth_ == pool_.size()) pool_.push_back(std::make_unique<Actions>());
+    a_ = pool_[depth_++].get();
+    a_->timers.clear();
+    a_->dirty.clear();
+    a_->complete = false;
+  }
+  ~ActionsLease() { --depth_; }
+  ActionsLease(const ActionsLease&) = delete;
+  ActionsLease& operator=(const ActionsLease&) = delete;
+  Actions& get() { return *a_; }
+
+ private:
+  static inline std::vector<std::unique_ptr<Actions>> pool_;  // the GIL keeps it to one thread
+  static inline size_t depth_ = 0;
+  Actions* a_;
+};
+
 // Runs a book call and applies its actions, turning the book's faults into Python errors.
 template <typename F>
 bool run_book(BookObject* b, F&& body) {
-  Actions a;
+  ActionsLease lease;
+  Actions& a = lease.get();
   try {
     body(a);
   } catch (const ProtocolFault& e) {
@@ -543,7 +605,12 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   }
   try {
     std::shared_ptr<ReleaseClock> clock;
-    if (timeline != Py_None) {
+    const timing::TimingApi* api = timeline != Py_None ? timing_api() : nullptr;
+    int kind = 0;
+    void* native = api != nullptr ? api->native_of(timeline, &kind) : nullptr;
+    if (native != nullptr) {
+      clock = std::make_shared<NativeClock>(timeline, api, native, kind);
+    } else if (timeline != Py_None) {
       PyObject* release = PyObject_GetAttrString(timeline, "release");
       PyObject* sent = release != nullptr ? PyObject_GetAttrString(timeline, "real_sent") : nullptr;
       if (sent != nullptr) clock = std::make_shared<PyClock>(release, sent);
@@ -676,8 +743,11 @@ int program_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   auto* self = reinterpret_cast<ProgramObject*>(obj);
-  delete self->program;
-  self->program = new (std::nothrow) Program();
+  if (self->program != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "a Program is initialized once (books may hold it)");
+    return -1;
+  }
+  self->program = new (std::nothrow) std::shared_ptr<Program>(std::make_shared<Program>());
   if (self->program == nullptr) {
     PyErr_NoMemory();
     return -1;
@@ -691,9 +761,18 @@ void program_dealloc(PyObject* obj) {
 }
 
 Program* program_of(PyObject* obj) {
-  Program* p = reinterpret_cast<ProgramObject*>(obj)->program;
+  std::shared_ptr<Program>* p = reinterpret_cast<ProgramObject*>(obj)->program;
   if (p == nullptr) PyErr_SetString(PyExc_RuntimeError, "Program.__init__ was not called");
-  return p;
+  return p != nullptr ? p->get() : nullptr;
+}
+
+// The program, to add to: not once a book reads it.
+Program* growing(PyObject* obj) {
+  if (reinterpret_cast<ProgramObject*>(obj)->sealed) {
+    PyErr_SetString(PyExc_RuntimeError, "the program is loaded into a book: it is complete");
+    return nullptr;
+  }
+  return program_of(obj);
 }
 
 bool valid_program_pair(const Program& p, Py_ssize_t i) {
@@ -705,7 +784,7 @@ bool valid_program_pair(const Program& p, Py_ssize_t i) {
 }
 
 PyObject* program_add_pair(PyObject* obj, PyObject* args) {
-  Program* p = program_of(obj);
+  Program* p = growing(obj);
   long long real, emu;
   if (p == nullptr || !PyArg_ParseTuple(args, "LL", &real, &emu)) return nullptr;
   p->pairs.emplace_back(real, emu);
@@ -713,7 +792,7 @@ PyObject* program_add_pair(PyObject* obj, PyObject* args) {
 }
 
 PyObject* program_expect_send(PyObject* obj, PyObject* args) {
-  Program* p = program_of(obj);
+  Program* p = growing(obj);
   Py_ssize_t i;
   long long step, nbytes, limit, post_len;
   if (p == nullptr || !PyArg_ParseTuple(args, "nLLLL", &i, &step, &nbytes, &limit, &post_len)) return nullptr;
@@ -723,7 +802,7 @@ PyObject* program_expect_send(PyObject* obj, PyObject* args) {
 }
 
 PyObject* program_expect_recv(PyObject* obj, PyObject* args) {
-  Program* p = program_of(obj);
+  Program* p = growing(obj);
   Py_ssize_t i;
   long long step, nbytes, limit;
   PyObject *deps_obj, *content_obj;
@@ -772,7 +851,8 @@ PyObject* book_load(PyObject* obj, PyObject* arg) {
   try {
     self->conns->resize(p->pairs.size(), nullptr);  // until each pair's connection opens (connect)
     self->pairs->resize(p->pairs.size(), nullptr);
-    self->book->load(*p);
+    reinterpret_cast<ProgramObject*>(arg)->sealed = true;
+    self->book->load(*reinterpret_cast<ProgramObject*>(arg)->program);
   } catch (const std::bad_alloc&) {
     return PyErr_NoMemory();
   }
@@ -1044,26 +1124,49 @@ PyMethodDef book_module_methods[] = {
 
 }  // namespace
 
-PyObject* dispatch(PairObject* po, std::vector<gloo::Event>& events, double now) {
-  std::vector<gloo::Event> rest;
+bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::vector<gloo::Event>* rest) {
   for (gloo::Event& ev : events) {
-    const Route* route = nullptr;
+    const Route* found = nullptr;
     for (const Route& r : *po->routes) {
       if (r.slot == ev.slot) {
-        route = &r;
+        found = &r;
         break;
       }
     }
-    if (route == nullptr) {
-      rest.push_back(std::move(ev));
+    if (found == nullptr) {
+      rest->push_back(std::move(ev));
       continue;
     }
     // The route may go while the book runs (it completes): nothing below reads it after.
-    auto* book = reinterpret_cast<BookObject*>(route->book);
+    auto* book = reinterpret_cast<BookObject*>(found->book);
     Frame f{ev.kind, ev.slot, ev.length, std::move(ev.payload)};
-    if (!feed(book, route->index, f, now)) return nullptr;
+    if (!feed(book, found->index, f, now)) return false;
   }
+  return true;
+}
+
+PyObject* dispatch(PairObject* po, std::vector<gloo::Event>& events, double now) {
+  std::vector<gloo::Event> rest;
+  if (!route(po, events, now, &rest)) return nullptr;
   return events_to_list(rest);
+}
+
+bool set_core_sink(PyObject* core, CoreSink* sink) {
+  if (!PyObject_TypeCheck(core, &CoreType)) {
+    PyErr_SetString(PyExc_TypeError, "expected a Core");
+    return false;
+  }
+  reinterpret_cast<CoreObject*>(core)->sink = sink;
+  return true;
+}
+
+bool book_due_at(PyObject* obj, size_t pair, double now) {
+  auto* b = reinterpret_cast<BookObject*>(obj);
+  if (b->finished) return true;
+  Py_INCREF(obj);  // its hooks may drop the last other reference
+  const bool ok = run_book(b, [&](Actions& a) { b->book->due(pair, now, a); });
+  Py_DECREF(obj);
+  return ok;
 }
 
 int add_book_types(PyObject* m) {

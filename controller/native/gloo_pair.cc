@@ -45,6 +45,7 @@ Pair::Pair(uint64_t max_payload) : max_payload_(max_payload), scratch_(kScratchS
 // -- bytes in ---------------------------------------------------------------------
 Pair::Window Pair::window() {
   if (payload_) return {payload_->mutable_data() + payload_have_, payload_->size() - payload_have_};
+  if (skip_left_ > 0) return {scratch_.data(), std::min<size_t>(skip_left_, scratch_.size())};  // overwritten
   if (begin_ > 0 && scratch_.size() - end_ < kPreambleSize * 64) {  // a partial header at most: to the front
     std::memmove(scratch_.data(), scratch_.data() + begin_, end_ - begin_);
     end_ -= begin_;
@@ -54,6 +55,11 @@ Pair::Window Pair::window() {
 }
 
 void Pair::commit(size_t n, std::vector<Event>& out) {
+  if (skip_left_ > 0) {
+    skip_left_ -= n;
+    if (skip_left_ == 0) out.push_back({EventKind::kData, payload_slot_, skip_length_, nullptr});
+    return;
+  }
   if (payload_) {
     payload_have_ += n;
     if (payload_have_ < payload_->size()) return;
@@ -103,7 +109,7 @@ void Pair::parse(std::vector<Event>& out) {
                                                  : ""));
         }
         start_payload(slot, length, out);
-        if (payload_) return;  // the rest of the payload is received in place
+        if (payload_ || skip_left_ > 0) return;  // the rest of the payload is received in place (or skipped)
         break;
       default:
         throw WireError("unsupported opcode " + std::to_string(opcode) + " (bound buffers are not used by c10d)");
@@ -124,8 +130,20 @@ void Pair::start_payload(uint64_t slot, uint64_t length, std::vector<Event>& out
     throw WireError(std::to_string(length) + "-byte payload on slot " + slot_hex(slot) + " exceeds the posted " +
                     std::to_string(want) + " bytes");
   }
-  auto payload = std::make_shared<OwnedBytes>(length);
   const size_t here = std::min<size_t>(length, end_ - begin_);
+  if (discard_) {
+    begin_ += here;
+    if (here == length) {
+      out.push_back({EventKind::kData, slot, length, nullptr});
+      return;
+    }
+    begin_ = end_ = 0;  // everything buffered belonged to this payload; its rest is skipped
+    skip_left_ = length - here;
+    skip_length_ = length;
+    payload_slot_ = slot;
+    return;
+  }
+  auto payload = std::make_shared<OwnedBytes>(length);
   std::memcpy(payload->mutable_data(), scratch_.data() + begin_, here);
   begin_ += here;
   if (here == length) {

@@ -60,6 +60,10 @@ class Pair final : public Port {
 
   explicit Pair(uint64_t max_payload);
 
+  // Payloads are checked and counted, not kept: their Data events carry no bytes. For a
+  // side that reads nothing from them (the simulated rank of the virtual-time driver).
+  void discard_payloads() { discard_ = true; }
+
   // -- bytes in, events out ------------------------------------------------
   struct Window {
     uint8_t* data;
@@ -90,6 +94,9 @@ class Pair final : public Port {
   std::shared_ptr<OwnedBytes> payload_;  // a data frame's payload being received
   size_t payload_have_ = 0;
   uint64_t payload_slot_ = 0;
+  bool discard_ = false;
+  uint64_t skip_left_ = 0;  // bytes of a discarded payload still to come
+  uint64_t skip_length_ = 0;
 
   std::unordered_map<uint64_t, std::deque<uint64_t>> peer_posted_;  // receives the peer posted
   std::unordered_map<uint64_t, uint64_t> announced_;               // our send notices awaiting data

@@ -508,7 +508,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&PairType);
   if (PyModule_AddObject(m, "Payload", reinterpret_cast<PyObject*>(&PayloadType)) < 0 ||
       PyModule_AddObject(m, "GlooPair", reinterpret_cast<PyObject*>(&PairType)) < 0 ||
-      nbx::py::add_book_types(m) < 0) {
+      nbx::py::add_book_types(m) < 0 || nbx::py::add_virtual_types(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

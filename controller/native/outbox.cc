@@ -57,13 +57,18 @@ void Outbox::consume(size_t n) {
 
 std::vector<uint8_t> Outbox::take() {
   std::vector<uint8_t> out;
-  out.reserve(pending_);
+  take_into(&out);
+  return out;
+}
+
+void Outbox::take_into(std::vector<uint8_t>* out) {
+  out->clear();
+  out->reserve(pending_);
   for (const auto& piece : pieces_) {
-    out.insert(out.end(), piece.data() + piece.off, piece.data() + piece.size());
+    out->insert(out->end(), piece.data() + piece.off, piece.data() + piece.size());
   }
   pieces_.clear();
   pending_ = 0;
-  return out;
 }
 
 FlushResult Outbox::flush(int fd, int* err) {

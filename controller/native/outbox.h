@@ -32,6 +32,8 @@ class Outbox {
   void consume(size_t n);
   // Move everything out as one contiguous copy (tests, the virtual-time driver).
   std::vector<uint8_t> take();
+  // The same, into `out` (cleared first; its capacity reused).
+  void take_into(std::vector<uint8_t>* out);
 
   // Write to a non-blocking socket until done or it would block; sets `err` (errno)
   // when the socket is gone.

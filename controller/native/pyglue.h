@@ -41,6 +41,8 @@ bool as_bytes_ref(PyObject* obj, BytesRef* out);
 // Hands `events` to the books routed for their slots; returns those no book takes, as
 // the dialect's Python events (nullptr with a Python error set on failure).
 PyObject* dispatch(PairObject* pair, std::vector<gloo::Event>& events, double now);
+// The same, natively: the events no book takes go to `rest`; false with a Python error set.
+bool route(PairObject* pair, std::vector<gloo::Event>& events, double now, std::vector<gloo::Event>* rest);
 
 // Receives what the socket has for the pair and dispatches it: the events no book
 // takes, None once the socket closed, nullptr with a Python error set.
@@ -51,5 +53,27 @@ struct PyErrorSet {};
 
 // Registers Book and Core in the module.
 int add_book_types(PyObject* module);
+
+// Where a Core hands what a live run's loop does itself (release timers, writes to a
+// pair with no socket) when time is virtual: the virtual-time driver (virtual_wire.cc).
+class CoreSink {
+ public:
+  virtual ~CoreSink() = default;
+  // A book's release timer for `pair`, due at `when` (`book` borrowed).
+  virtual void timer(double when, PyObject* book, size_t pair) = 0;
+  // Frames are queued on `pair` (conn.pair); false with a Python error set.
+  virtual bool emit(PyObject* conn, PairObject* pair) = 0;
+};
+
+// `core` (a Core) hands its timers and writes to `sink` (nullptr: back to its hooks);
+// false with a Python error set when `core` is not a Core.
+bool set_core_sink(PyObject* core, CoreSink* sink);
+
+// A book's release timer fired at `now`: as Book.due, from native code. False with a
+// Python error set.
+bool book_due_at(PyObject* book, size_t pair, double now);
+
+// Registers the virtual-time driver's types (virtual_wire.cc).
+int add_virtual_types(PyObject* module);
 
 }  // namespace nbx::py

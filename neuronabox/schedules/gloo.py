@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import NamedTuple, Protocol
 
 from .kinds import Kind
@@ -33,6 +33,7 @@ class Msg(NamedTuple):
 
 
 SendRef = tuple[int, int]  # (rank, step) of a send
+_msg = partial(tuple.__new__, Msg)  # a Msg from a (peer, step, nbytes) tuple, without Python in between
 
 
 class MirrorPlan(NamedTuple):
@@ -156,9 +157,17 @@ class RingGeometry:
 
     def seg_len(self, seg: int) -> int:
         """Bytes of segment `seg` (0: skipped; -1: the last one, length not known yet)."""
-        if not self.last_known and seg == self.num_segments - 1:
-            return -1
-        return max(0, min(self.segment_bytes, self.total - seg * self.segment_bytes))
+        return _seg_bytes(seg, self.segment_bytes, self.total, -1 if self.last_known else self.num_segments - 1)
+
+    def seg_lens(self, segs: Sequence[int]) -> list[int]:
+        """`seg_len` of each of `segs`, at once (a ring's whole program asks them all)."""
+        size, total, unknown = self.segment_bytes, self.total, -1 if self.last_known else self.num_segments - 1
+        return [_seg_bytes(s, size, total, unknown) for s in segs]
+
+
+def _seg_bytes(seg: int, size: int, total: int, unknown: int) -> int:
+    """Bytes of segment `seg` of `size`-byte segments over `total`; -1 for segment `unknown`."""
+    return -1 if seg == unknown else max(0, min(size, total - seg * size))
 
 
 class RingAllreduce:
@@ -189,11 +198,23 @@ class RingAllreduce:
         """Steps on the ring: reduce-scatter then allgather."""
         return 2 * self.geo.phase_steps
 
+    def _phase_starts(self) -> tuple[int, ...]:
+        """The steps where a phase begins: within one, each step's segment follows the last's."""
+        return (0, self.geo.phase_steps)
+
+    def _segs(self, rank: int, recv: bool) -> list[int]:
+        """`_seg` of every step, at once: each phase's first from `_seg`, the rest counted on."""
+        steps, num, segs = self.ring_steps, self.geo.num_segments, []
+        bounds = sorted({b for b in self._phase_starts() if b < steps} | {0}) + [steps]
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            first = self._seg(rank, a, recv)
+            segs.extend(i % num for i in range(first, first + b - a))
+        return segs
+
     def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
-        g = self.geo
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
-        steps = ((t, g.seg_len(self._seg(rank, t, recv))) for t in range(self.ring_steps))
-        return tuple(Msg(peer, t, n) for t, n in steps if n != 0)
+        lens = self.geo.seg_lens(self._segs(rank, recv))
+        return tuple(map(_msg, [(peer, t, n) for t, n in enumerate(lens) if n != 0]))
 
     def sends(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=False)
@@ -314,6 +335,9 @@ class RingReduce(RingAllreduce):
     def _seg(self, rank: int, t: int, recv: bool) -> int:
         g = self.geo
         return ((rank + (2 if recv else 1)) * g.per_rank + t) % g.num_segments
+
+    def _phase_starts(self) -> tuple[int, ...]:
+        return (0,)  # one leftward phase until the gather
 
     def chunk_len(self, rank: int) -> int:
         g = self.geo

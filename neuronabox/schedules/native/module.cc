@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ring_timeline.h"
+#include "timing_api.h"
 #include "tree_barrier_timeline.h"
 
 namespace {
@@ -353,6 +354,51 @@ bool add_type(PyObject* m, const char* name, PyTypeObject* type) {
   return true;
 }
 
+// -- the C API (timing_api.h) ------------------------------------------------------------
+enum ApiKind { kRing = 0, kTree = 1, kBarrier = 2 };
+
+void* api_native_of(PyObject* obj, int* kind) {
+  if (Py_IS_TYPE(obj, &RingType)) {
+    *kind = kRing;
+    return reinterpret_cast<RingObject*>(obj)->tl;
+  }
+  if (Py_IS_TYPE(obj, &TreeType)) {
+    *kind = kTree;
+    return reinterpret_cast<Wrapped<TreeTimeline>*>(obj)->tl;
+  }
+  if (Py_IS_TYPE(obj, &BarrierType)) {
+    *kind = kBarrier;
+    return reinterpret_cast<Wrapped<BarrierTimeline>*>(obj)->tl;
+  }
+  return nullptr;
+}
+
+double api_release(void* tl, int kind, int emu, int step) {
+  switch (kind) {
+    case kRing:
+      return static_cast<RingTimeline*>(tl)->release(emu, step);
+    case kTree:
+      return static_cast<TreeTimeline*>(tl)->release(emu, step);
+    default:
+      return static_cast<BarrierTimeline*>(tl)->release(emu, step);
+  }
+}
+
+void api_real_sent(void* tl, int kind, int rank, int step, double t) {
+  switch (kind) {
+    case kRing:
+      static_cast<RingTimeline*>(tl)->real_sent(rank, step, t);
+      break;
+    case kTree:
+      static_cast<TreeTimeline*>(tl)->real_sent(rank, step, t);
+      break;
+    default:
+      static_cast<BarrierTimeline*>(tl)->real_sent(rank, step, t);
+  }
+}
+
+nbx::timing::TimingApi g_api = {nbx::timing::kTimingApiVersion, api_native_of, api_release, api_real_sent};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_timing", "NeuronaBox's native timing core.", -1, nullptr};
 
 }  // namespace
@@ -378,6 +424,12 @@ PyMODINIT_FUNC PyInit__timing(void) {
   if (m == nullptr) return nullptr;
   if (!add_type(m, "RingTimeline", &RingType) || !add_type(m, "TreeTimeline", &TreeType) ||
       !add_type(m, "BarrierTimeline", &BarrierType)) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  PyObject* api = PyCapsule_New(&g_api, nbx::timing::kTimingApiCapsule, nullptr);
+  if (api == nullptr || PyModule_AddObject(m, "_api", api) < 0) {
+    Py_XDECREF(api);
     Py_DECREF(m);
     return nullptr;
   }
