@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
-from neuronabox.schedules.gloo import Msg, RealRanks, RingReduce, Schedule, SendRef
+from neuronabox.schedules.gloo import Msg, RealRanks, Schedule, SendRef
+from neuronabox.schedules.gloo_reduce import RingReduce
 
 from ._native import Book, Core, Program, bind_book
 from .outcomes import ProtocolError
@@ -81,14 +82,15 @@ def load_program(
                 n = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
                 expect_send(i, m.step, m.nbytes, n, n)
         pairs = {}
-        for m in recvs(r):
-            if m.peer not in members:
-                i = pairs.get(m.peer)
-                if i is None:
-                    i = pairs[m.peer] = pair(r, m.peer)
-                deps, content = origin(m.peer, m.step, real)
-                limit = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
-                expect_recv(i, m.step, m.nbytes, limit, [*deps, *deps_extra] if deps_extra else deps, _refs(content))
+        mine = [m for m in recvs(r) if m.peer not in members]
+        bulk = getattr(schedule, "origins", None)  # a ring's, at once
+        found = bulk([(m.peer, m.step) for m in mine], real) if bulk else [origin(m.peer, m.step, real) for m in mine]
+        for m, (deps, content) in zip(mine, found, strict=True):
+            i = pairs.get(m.peer)
+            if i is None:
+                i = pairs[m.peer] = pair(r, m.peer)
+            limit = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
+            expect_recv(i, m.step, m.nbytes, limit, [*deps, *deps_extra] if deps_extra else deps, _refs(content))
     return grown
 
 

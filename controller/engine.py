@@ -22,7 +22,8 @@ from collections.abc import Callable
 from enum import Enum, auto
 
 from neuronabox.schedules import Kind
-from neuronabox.schedules.gloo import Msg, RingReduce, Schedule, SendRef
+from neuronabox.schedules.gloo import Msg, Schedule, SendRef
+from neuronabox.schedules.gloo_reduce import RingReduce
 
 from .accounting import Accounting
 from .book import INPUT, Book, Core, Pair, ProgramCache, load_program

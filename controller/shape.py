@@ -21,11 +21,10 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
-    RingReduce,
     Schedule,
-    reduce_geometry,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
+from neuronabox.schedules.gloo_reduce import RingReduce, reduce_geometry
 
 from .dialect import Data, Event, RecvReady, SendReady
 from .groups import Conn, Group

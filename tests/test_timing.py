@@ -18,10 +18,9 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
-    RingReduce,
-    reduce_geometry,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
+from neuronabox.schedules.gloo_reduce import RingReduce, reduce_geometry
 from neuronabox.schedules.timing import Entry, reference_arrivals, timeline_for
 
 KINDS = ["allreduce", "reduce", "allgather", "broadcast", "barrier"]  # the kinds `reference_arrivals` evaluates

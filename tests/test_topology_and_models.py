@@ -19,10 +19,9 @@ from neuronabox.schedules.gloo import (
     RingAllgather,
     RingAllreduce,
     RingGeometry,
-    RingReduce,
-    reduce_geometry,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
+from neuronabox.schedules.gloo_reduce import RingReduce, reduce_geometry
 
 
 def schedule(kind: str, nbytes: int, world: int):

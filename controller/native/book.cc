@@ -68,6 +68,39 @@ BytesRef zeros(size_t n) {
   return z;
 }
 
+std::vector<BytesRef>& Crossed::row(int64_t rank) {
+  if (last_ != nullptr && last_rank_ == rank) return *last_;
+  last_rank_ = rank;
+  last_ = &by_rank_[rank];
+  return *last_;
+}
+
+void Crossed::put(SendRef ref, BytesRef bytes) {
+  if (ref.step < 0 || ref.step >= kDenseSteps) {
+    sparse_[ref.key()] = std::move(bytes);
+    return;
+  }
+  std::vector<BytesRef>& r = row(ref.rank);
+  const auto i = static_cast<size_t>(ref.step);
+  if (r.size() <= i) r.resize(i + 1);
+  r[i] = std::move(bytes);
+}
+
+const BytesRef* Crossed::find(SendRef ref) const {
+  if (ref.step < 0 || ref.step >= kDenseSteps) {
+    auto it = sparse_.find(ref.key());
+    return it == sparse_.end() ? nullptr : &it->second;
+  }
+  const std::vector<BytesRef>* r = last_ != nullptr && last_rank_ == ref.rank ? last_ : nullptr;
+  if (r == nullptr) {
+    auto it = by_rank_.find(ref.rank);
+    if (it == by_rank_.end()) return nullptr;
+    r = &it->second;
+  }
+  const auto i = static_cast<size_t>(ref.step);
+  return i < r->size() && (*r)[i] ? &(*r)[i] : nullptr;
+}
+
 Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
            std::shared_ptr<PayloadSource> source, std::shared_ptr<ProgramExtension> extension)
     : name_(std::move(name)),
@@ -85,15 +118,20 @@ void Book::load(std::shared_ptr<const Program> program) {
   if (!pairs_.empty()) throw std::logic_error(name_ + ": a program is loaded into an empty book");
   for (const auto& [real, emu] : program->pairs) add_pair(real, emu);
   size_t real_sends = 0;
+  std::unordered_map<int64_t, int64_t> last_step;  // real rank -> its last send's step
   for (const Program::Op& op : program->ops) {
     if (op.real_sends) {
       expect_real_send(op.pair, op.step, op.nbytes, op.limit, op.post_len);
       ++real_sends;
+      int64_t& last = last_step.try_emplace(pairs_[op.pair].real, op.step).first->second;
+      last = std::max(last, op.step);
     } else {
       expect(op);
     }
   }
-  received_.reserve(real_sends);  // one entry per real send: no rehash on the way
+  for (const auto& [rank, step] : last_step) {  // room for every step it sends at: no growth on the way
+    if (step >= 0 && step < (int64_t{1} << 24)) received_.reserve(rank, static_cast<size_t>(step) + 1);
+  }
   waiting_.reserve(real_sends);
   programs_.push_back(std::move(program));
 }
@@ -137,7 +175,7 @@ void Book::post(size_t pair, Actions& out) {
 }
 
 void Book::arrive(SendRef ref, double now, Actions& out) {
-  received_.emplace(ref.key(), zeros(0));
+  if (received_.find(ref) == nullptr) received_.put(ref, zeros(0));
   wake(ref.key(), now, out);
 }
 
@@ -163,8 +201,8 @@ void Book::settle(int64_t n, double now, Actions& out) {
 }
 
 BytesRef Book::received(SendRef ref) const {
-  auto it = received_.find(ref.key());
-  return it == received_.end() ? nullptr : it->second;
+  const BytesRef* b = received_.find(ref);
+  return b != nullptr ? *b : nullptr;
 }
 
 std::string Book::where(const PairBook& p, const std::string& what, int64_t step) const {
@@ -234,7 +272,7 @@ void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
     throw ProtocolFault(where(p, std::to_string(n) + " data bytes, schedule expects " + std::to_string(m.nbytes), m.step));
   }
   const SendRef ref{p.real, m.step};
-  received_[ref.key()] = std::move(payload);
+  received_.put(ref, std::move(payload));
   if (clock_) clock_->real_sent(p.real, m.step, now);
   crossed(p.real, now, out);
   wake(ref.key(), now, out);
@@ -257,7 +295,7 @@ void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out)
   s->nbytes = n;
   s->content = &op.content;
   for (const SendRef& dep : op.deps) {
-    if (received_.count(dep.key()) == 0) {
+    if (received_.find(dep) == nullptr) {
       ++s->missing;
       waiting_[dep.key()].push_back(s);
     }
@@ -298,12 +336,18 @@ void Book::flush(size_t pair, double now, Actions& out) {
   }
 }
 
+const BytesRef& Book::carried(SendRef ref) const {
+  const BytesRef* b = received_.find(ref);
+  if (b == nullptr) throw std::out_of_range("a send's content before it crossed");
+  return *b;
+}
+
 BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) const {
   if (content.empty()) return zeros(static_cast<size_t>(n));
-  if (content.size() == 1) return received_.at(content[0].key());
+  if (content.size() == 1) return carried(content[0]);
   std::vector<uint8_t> joined;  // several real sends, concatenated (a reduce's chunk)
   for (const SendRef& ref : content) {
-    const BytesRef& b = received_.at(ref.key());
+    const BytesRef& b = carried(ref);
     joined.insert(joined.end(), b->data(), b->data() + b->size());
   }
   return std::make_shared<JoinedBytes>(std::move(joined));

@@ -69,6 +69,25 @@ class ProgramExtension {
   virtual bool extend(size_t pair, bool send) = 0;
 };
 
+// What crossed, by SendRef: each real rank's sends by step, densely (a rank's steps run
+// from 0 up), so a lookup is two indexings and a book's end frees no node per message.
+class Crossed {
+ public:
+  void reserve(int64_t rank, size_t steps) { row(rank).reserve(steps); }
+  void put(SendRef ref, BytesRef bytes);
+  // Its bytes, or null when it has not crossed.
+  const BytesRef* find(SendRef ref) const;
+
+ private:
+  static constexpr int64_t kDenseSteps = int64_t{1} << 24;  // past this (or below 0), a map
+  std::vector<BytesRef>& row(int64_t rank);
+
+  std::unordered_map<int64_t, std::vector<BytesRef>> by_rank_;  // nodes never move
+  std::unordered_map<uint64_t, BytesRef> sparse_;
+  int64_t last_rank_ = 0;
+  std::vector<BytesRef>* last_ = nullptr;  // by_rank_[last_rank_], the one asked last
+};
+
 // What one call asks of its driver.
 struct Actions {
   std::vector<std::pair<double, size_t>> timers;  // (when, pair): call due(pair, t) then
@@ -193,6 +212,7 @@ class Book {
   void flush(size_t pair, double now, Actions& out);
   void send(PendingSend& p, double now, Actions& out);
   BytesRef bytes_of(const std::vector<SendRef>& content, int64_t n) const;
+  const BytesRef& carried(SendRef ref) const;  // what a real send carried (it crossed)
 
   std::string name_;
   uint64_t slot_;
@@ -203,7 +223,7 @@ class Book {
   std::vector<std::shared_ptr<const Program>> programs_;  // loaded: their ops are read in place
   std::deque<Program::Op> own_ops_;  // receives added one by one (expect_real_recv); never move
   std::deque<PendingSend> made_;     // every emulated send made; never move
-  std::unordered_map<uint64_t, BytesRef> received_;                  // what crossed, by SendRef
+  Crossed received_;                                                 // what crossed, by SendRef
   std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
   std::unordered_map<int64_t, std::pair<double, double>> rank_times_;
   std::vector<double> lateness_;

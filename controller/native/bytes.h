@@ -43,11 +43,18 @@ class BufferPool {
   size_t cached_ = 0;
 };
 
-// Bytes allocated here, uninitialized: the socket writes them before anyone reads.
+// Bytes allocated here, uninitialized: the socket writes them before anyone reads. A
+// small payload (a large ring's segment is tens of bytes) lives in the object itself.
 class OwnedBytes final : public Bytes {
  public:
-  explicit OwnedBytes(size_t n) : size_(n) { buf_ = BufferPool::instance().get(n, &capacity_); }
-  ~OwnedBytes() override { BufferPool::instance().put(buf_, capacity_); }
+  static constexpr size_t kInline = 128;
+
+  explicit OwnedBytes(size_t n) : size_(n) {
+    buf_ = n <= kInline ? inline_ : BufferPool::instance().get(n, &capacity_);
+  }
+  ~OwnedBytes() override {
+    if (buf_ != inline_) BufferPool::instance().put(buf_, capacity_);
+  }
   OwnedBytes(const OwnedBytes&) = delete;
   OwnedBytes& operator=(const OwnedBytes&) = delete;
   const uint8_t* data() const override { return buf_; }
@@ -57,7 +64,8 @@ class OwnedBytes final : public Bytes {
  private:
   uint8_t* buf_;
   size_t size_;
-  size_t capacity_;
+  size_t capacity_ = 0;
+  uint8_t inline_[kInline];
 };
 
 }  // namespace nbx

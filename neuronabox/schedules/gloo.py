@@ -231,17 +231,27 @@ class RingAllreduce:
         return sched
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
-        x, d = real.above(rank)
-        deps: list[SendRef] = []
-        content = None
-        data_step = step - d * self.geo.per_rank
-        if data_step >= 0:
-            content = (x, data_step)
-            deps.append(content)
-        wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
-        if wait_step >= 0 and wait_step != data_step and self._has_send(x, wait_step):
-            deps.append((x, wait_step))
-        return deps, content
+        return self._ring_origins(((rank, step),), real)[0]
+
+    def origins(self, sends: Sequence[SendRef], real: RealRanks) -> list[tuple[list[SendRef], SendRef | None]]:
+        """`origin` of each emulated (rank, step) send, at once (a new shape's whole program)."""
+        return self._ring_origins(sends, real)
+
+    def _ring_origins(self, sends: Sequence[SendRef], real: RealRanks) -> list[tuple[list[SendRef], SendRef | None]]:
+        spr, above, out = self.geo.per_rank, {}, []
+        for rank, step in sends:
+            x, d = above.get(rank) or above.setdefault(rank, real.above(rank))  # once per rank
+            deps: list[SendRef] = []
+            content = None
+            data_step = step - d * spr
+            if data_step >= 0:
+                content = (x, data_step)
+                deps.append(content)
+            wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
+            if wait_step >= 0 and wait_step != data_step and self._has_send(x, wait_step):
+                deps.append((x, wait_step))
+            out.append((deps, content))
+        return out
 
     def _has_send(self, rank: int, t: int) -> bool:
         return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0
@@ -301,110 +311,6 @@ class RingAllreduce:
 
 
 # ---------------------------------------------------------------------------
-# reduce: the same leftward ring, one phase longer, then every chunk to the root
-# ---------------------------------------------------------------------------
-def reduce_geometry(world: int, total: int, elem: int, max_segment: int = MAX_SEGMENT_BYTES) -> RingGeometry:
-    """gloo::reduce sizes its segments from the tensor first (at most half a rank's
-    share), then counts them (at least 2W, a multiple of W)."""
-    max_seg = elem * max(1, max_segment // elem)
-    seg = round_up(min((total + 2 * world - 1) // (2 * world), max_seg), elem)
-    num = round_up(max((total + seg - 1) // seg, 2 * world), world)
-    return RingGeometry(world, total, num, seg)
-
-
-class RingReduce(RingAllreduce):
-    """gloo::reduce: iterations i < numSegments-2 move segments leftward exactly like
-    allreduce's reduce-scatter (rank x sends to x-1 what it received per_rank steps
-    before, plus its own), so chunk c is complete on rank c; then, at step `gather_step`,
-    every rank but the root sends its chunk (per_rank segments) to the root.
-
-    The root is not on the wire until the gather: `root=None` leaves the gather out,
-    and `with_root` adds it once a real rank's first gather frame names it.
-    """
-
-    kind = Kind.REDUCE
-
-    def __init__(self, geo: RingGeometry, root: int | None = None) -> None:
-        super().__init__(geo)
-        self.root = root
-        self.gather_step = geo.num_segments - 2
-
-    def with_root(self, root: int) -> RingReduce:
-        return RingReduce(self.geo, root)
-
-    def _seg(self, rank: int, t: int, recv: bool) -> int:
-        g = self.geo
-        return ((rank + (2 if recv else 1)) * g.per_rank + t) % g.num_segments
-
-    def _phase_starts(self) -> tuple[int, ...]:
-        return (0,)  # one leftward phase until the gather
-
-    def chunk_len(self, rank: int) -> int:
-        g = self.geo
-        if not g.last_known and rank == g.world - 1:
-            return -1
-        chunk = g.per_rank * g.segment_bytes
-        return max(0, min(chunk, g.total - rank * chunk))
-
-    @property
-    def ring_steps(self) -> int:
-        return self.gather_step
-
-    def gather_msgs(self, rank: int, recv: bool) -> list[Msg]:
-        if self.root is None:
-            return []
-        if recv:
-            if rank != self.root:
-                return []
-            return [Msg(j, self.gather_step, n) for j in range(self.world) if j != rank and (n := self.chunk_len(j))]
-        n = self.chunk_len(rank)
-        return [Msg(self.root, self.gather_step, n)] if rank != self.root and n else []
-
-    def sends(self, rank: int) -> Sequence[Msg]:
-        return self._msgs(rank, recv=False) + tuple(self.gather_msgs(rank, recv=False))
-
-    def recvs(self, rank: int) -> Sequence[Msg]:
-        return self._msgs(rank, recv=True) + tuple(self.gather_msgs(rank, recv=True))
-
-    def origin(
-        self, rank: int, step: int, real: RealRanks
-    ) -> tuple[list[SendRef], SendRef | tuple[SendRef, ...] | None]:
-        if step != self.gather_step:
-            return super().origin(rank, step, real)
-        # The chunk `rank` holds complete is what the nearest real rank upstream sent of
-        # it (emulated ranks add zeros): x's sends of phase k, chunk rank = x + 1 + k.
-        x, _ = real.above(rank)
-        k = (rank - x - 1) % self.world
-        if k > self.world - 2:
-            return [], None
-        spr = self.geo.per_rank
-        refs = tuple((x, t) for t in range(k * spr, (k + 1) * spr) if self._has_send(x, t))
-        return list(refs), refs or None
-
-    @property
-    def reducing_steps(self) -> int:
-        return self.gather_step  # every ring receive of a reduce is reduced
-
-    def mirror_plan(self, rank: int, step: int, real: RealRanks) -> MirrorPlan:
-        if step != self.gather_step:
-            return super().mirror_plan(rank, step, real)
-        # The chunk `rank` completes: x's partial sums of it, plus one input per rank
-        # from x-1 down to `rank`.
-        refs, _ = self.origin(rank, step, real)
-        x, d = real.above(rank)
-        return MirrorPlan(tuple(refs) or None, d, rank * self.geo.per_rank * self.geo.segment_bytes)
-
-    def free_time(self, hop: Link, work: float = 0.0) -> float:
-        """The ring (one edge per pace), then W-1 chunks into the root's link."""
-        chunk = self.geo.per_rank * self.geo.segment_bytes
-        ring = self.gather_step / 2 * (self.pace(hop) + work)
-        return ring + hop.latency + (self.world - 1) * chunk / hop.bandwidth
-
-    def rank_time(self, hop: Link, rank: int, work: float = 0.0) -> float:
-        return self.free_time(hop, work)
-
-
-# ---------------------------------------------------------------------------
 # allgather: ring, each block in two halves
 # ---------------------------------------------------------------------------
 class RingAllgather:
@@ -426,7 +332,7 @@ class RingAllgather:
         if self.block_bytes == 0 or self.world == 1:
             return []
         peer = (rank - 1) % self.world if recv else (rank + 1) % self.world
-        return [Msg(peer, i, self.chunks[i & 1]) for i in range(2 * (self.world - 1))]
+        return list(map(_msg, [(peer, i, self.chunks[i & 1]) for i in range(2 * (self.world - 1))]))
 
     def sends(self, rank: int) -> list[Msg]:
         return self._msgs(rank, recv=False)
