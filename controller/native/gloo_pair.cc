@@ -16,19 +16,18 @@ uint64_t load_u64(const uint8_t* p) {
 
 void store_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
 
-bool pop_front(std::unordered_map<uint64_t, std::deque<uint64_t>>& m, uint64_t slot, uint64_t* front) {
-  auto it = m.find(slot);
-  if (it == m.end() || it->second.empty()) return false;
-  *front = it->second.front();
-  it->second.pop_front();
-  if (it->second.empty()) m.erase(it);
+bool pop_front(SlotTable<std::deque<uint64_t>>& m, uint64_t slot, uint64_t* front) {
+  std::deque<uint64_t>* q = m.find(slot);
+  if (q == nullptr || q->empty()) return false;
+  *front = q->front();
+  q->pop_front();
   return true;
 }
 
-bool take_one(std::unordered_map<uint64_t, uint64_t>& m, uint64_t slot) {
-  auto it = m.find(slot);
-  if (it == m.end() || it->second == 0) return false;
-  if (--it->second == 0) m.erase(it);
+bool take_one(SlotTable<uint64_t>& m, uint64_t slot) {
+  uint64_t* n = m.find(slot);
+  if (n == nullptr || *n == 0) return false;
+  --*n;
   return true;
 }
 
@@ -93,11 +92,11 @@ void Pair::parse(std::vector<Event>& out) {
     begin_ += kPreambleSize;
     switch (static_cast<Opcode>(opcode)) {
       case Opcode::kNotifyRecvReady:
-        peer_posted_[slot].push_back(length);
+        peer_posted_.at(slot).push_back(length);
         out.push_back({EventKind::kRecvReady, slot, length, nullptr});
         break;
       case Opcode::kNotifySendReady:
-        ++peer_announced_[slot];
+        ++peer_announced_.at(slot);
         out.push_back({EventKind::kSendReady, slot, length, nullptr});
         break;
       case Opcode::kSendUnboundBuffer:
@@ -168,32 +167,31 @@ void Pair::header(Opcode op, uint64_t slot, uint64_t length, uint64_t nbytes) {
 }
 
 void Pair::send_ready(uint64_t slot, uint64_t length) {
-  ++announced_[slot];
+  ++announced_.at(slot);
   header(Opcode::kNotifySendReady, slot, length, kPreambleSize);
 }
 
 void Pair::recv_ready(uint64_t slot, uint64_t length) {
-  our_posted_[slot].push_back(length);
+  our_posted_.at(slot).push_back(length);
   header(Opcode::kNotifyRecvReady, slot, length, kPreambleSize);
 }
 
 void Pair::data(uint64_t slot, BytesRef payload) {
   const uint64_t n = payload->size();
-  auto ann = announced_.find(slot);
-  if (ann == announced_.end() || ann->second == 0) {
+  uint64_t* ann = announced_.find(slot);
+  if (ann == nullptr || *ann == 0) {
     throw WireError("data on slot " + slot_hex(slot) + " before NOTIFY_SEND_READY");
   }
-  auto posted = peer_posted_.find(slot);
-  if (posted == peer_posted_.end() || posted->second.empty()) {
+  std::deque<uint64_t>* posted = peer_posted_.find(slot);
+  if (posted == nullptr || posted->empty()) {
     throw WireError("data on slot " + slot_hex(slot) + " before the peer's NOTIFY_RECV_READY");
   }
-  if (n > posted->second.front()) {
+  if (n > posted->front()) {
     throw WireError(std::to_string(n) + "-byte payload on slot " + slot_hex(slot) + " exceeds the peer's " +
-                    std::to_string(posted->second.front()));
+                    std::to_string(posted->front()));
   }
-  posted->second.pop_front();
-  if (posted->second.empty()) peer_posted_.erase(posted);
-  if (--ann->second == 0) announced_.erase(ann);
+  posted->pop_front();
+  --*ann;
   header(Opcode::kSendUnboundBuffer, slot, n, kPreambleSize + n);
   outbox_.append(std::move(payload));
 }

@@ -14,9 +14,11 @@
 // windows (tests, the virtual-time driver).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -51,6 +53,45 @@ struct Event {
   uint64_t slot;
   uint64_t length;
   std::shared_ptr<OwnedBytes> payload;  // kData only
+};
+
+// Per-slot state of a pair. A slot is busy for one collective and then done with, and a
+// pair serves one or a few at a time: the last slot asked is kept at hand, and entries
+// left idle (nothing queued, nothing counted) are swept once there are more than a few,
+// so a busy slot's state is not freed and made again with every message.
+template <class V>
+class SlotTable {
+ public:
+  static constexpr size_t kSweepAt = 32;
+
+  V* find(uint64_t slot) {
+    if (last_ != nullptr && last_slot_ == slot) return last_;
+    auto it = map_.find(slot);
+    if (it == map_.end()) return nullptr;
+    last_slot_ = slot;
+    return last_ = &it->second;
+  }
+  V& at(uint64_t slot) {
+    if (V* v = find(slot)) return *v;
+    if (map_.size() >= sweep_at_) sweep();
+    last_slot_ = slot;
+    return *(last_ = &map_[slot]);
+  }
+  size_t size() const { return map_.size(); }
+
+ private:
+  static bool idle(const std::deque<uint64_t>& q) { return q.empty(); }
+  static bool idle(uint64_t n) { return n == 0; }
+  void sweep() {  // amortized: the next sweep waits for the table to double
+    for (auto it = map_.begin(); it != map_.end();) it = idle(it->second) ? map_.erase(it) : std::next(it);
+    last_ = nullptr;
+    sweep_at_ = std::max(kSweepAt, 2 * map_.size());
+  }
+
+  std::unordered_map<uint64_t, V> map_;  // nodes never move: `last_` stays valid until a sweep
+  uint64_t last_slot_ = 0;
+  V* last_ = nullptr;
+  size_t sweep_at_ = kSweepAt;
 };
 
 // The Gloo pair is the Port the collective book (book.h) commands.
@@ -98,10 +139,10 @@ class Pair final : public Port {
   uint64_t skip_left_ = 0;  // bytes of a discarded payload still to come
   uint64_t skip_length_ = 0;
 
-  std::unordered_map<uint64_t, std::deque<uint64_t>> peer_posted_;  // receives the peer posted
-  std::unordered_map<uint64_t, uint64_t> announced_;               // our send notices awaiting data
-  std::unordered_map<uint64_t, std::deque<uint64_t>> our_posted_;   // receives we posted
-  std::unordered_map<uint64_t, uint64_t> peer_announced_;          // peer's send notices awaiting data
+  SlotTable<std::deque<uint64_t>> peer_posted_;  // receives the peer posted
+  SlotTable<uint64_t> announced_;                // our send notices awaiting data
+  SlotTable<std::deque<uint64_t>> our_posted_;   // receives we posted
+  SlotTable<uint64_t> peer_announced_;           // peer's send notices awaiting data
   Outbox outbox_;
 };
 

@@ -2,7 +2,8 @@
 // against the engine's pairs and books, with no Python per frame.
 //
 // A live run's loop reads sockets and runs release timers on the monotonic clock; this
-// one owns time. Its events are one heap: the books' release timers and their writes
+// one owns time. Its events are one queue, in time and then in order: the books' release
+// timers and their writes
 // (a Core hands them over, as a CoreSink), the simulated rank's frames, its wake-ups,
 // and Python's own calls (`call_at`: the engine's grace timers, the observer's answers,
 // the next collective's entry). Each frame crosses the same two native pair machines
@@ -16,6 +17,7 @@
 // instead of waiting in Python for the shape.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -159,7 +161,8 @@ class Wire final : public CoreSink {
   double now = 0.0;
   PyObject* core = nullptr;    // strong
   PyObject* frames = nullptr;  // strong: frames(conn, events) for those no book takes
-  std::vector<Event> heap;
+  std::vector<Event> heap;   // events after now, a min-heap on (at, seq)
+  std::deque<Event> current;  // events at now, in order: most are (a write read at once)
   std::vector<Link> links;
   std::unordered_map<PairObject*, size_t> link_of;
   std::unordered_map<uint64_t, std::unique_ptr<Instance>> instances;
@@ -167,7 +170,11 @@ class Wire final : public CoreSink {
   uint64_t next_id = 0;
 
   void push(double at, Due what, PyObject* obj, uint64_t arg, std::vector<uint8_t> bytes = {}) {
-    heap.push_back(Event{std::max(at, now), seq_++, what, obj, arg, std::move(bytes)});
+    if (at <= now) {
+      current.push_back(Event{now, seq_++, what, obj, arg, std::move(bytes)});
+      return;
+    }
+    heap.push_back(Event{at, seq_++, what, obj, arg, std::move(bytes)});
     std::push_heap(heap.begin(), heap.end(), Later());
   }
 
@@ -211,6 +218,7 @@ class Wire final : public CoreSink {
     }
     for (const auto& [id, inst] : instances) Py_VISIT(inst->on_done);
     for (const Event& e : heap) Py_VISIT(e.obj);
+    for (const Event& e : current) Py_VISIT(e.obj);
     return 0;
   }
 
@@ -218,6 +226,8 @@ class Wire final : public CoreSink {
     if (core != nullptr) set_core_sink(core, nullptr);
     std::vector<Event> events = std::move(heap);
     heap.clear();
+    for (Event& e : current) events.push_back(std::move(e));
+    current.clear();
     std::vector<Link> held = std::move(links);
     links.clear();
     link_of.clear();
@@ -460,10 +470,22 @@ bool Wire::read_events(size_t li, const std::vector<uint8_t>& raw, std::vector<g
 }
 
 bool Wire::run(double until) {
-  while (!heap.empty() && heap.front().at <= until) {
-    std::pop_heap(heap.begin(), heap.end(), Later());
-    Event e = std::move(heap.back());
-    heap.pop_back();
+  for (;;) {
+    // The earliest on (at, seq): what is at now goes first unless the heap holds an
+    // older event at now too. Time moves on only once nothing is left at now.
+    const bool from_heap =
+        !heap.empty() && (current.empty() || heap.front().at < current.front().at ||
+                          (heap.front().at == current.front().at && heap.front().seq < current.front().seq));
+    if (from_heap ? heap.front().at > until : (current.empty() || current.front().at > until)) break;
+    Event e;
+    if (from_heap) {
+      std::pop_heap(heap.begin(), heap.end(), Later());
+      e = std::move(heap.back());
+      heap.pop_back();
+    } else {
+      e = std::move(current.front());
+      current.pop_front();
+    }
     now = e.at;
     bool ok = true;
     switch (e.what) {

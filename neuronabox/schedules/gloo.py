@@ -157,17 +157,12 @@ class RingGeometry:
 
     def seg_len(self, seg: int) -> int:
         """Bytes of segment `seg` (0: skipped; -1: the last one, length not known yet)."""
-        return _seg_bytes(seg, self.segment_bytes, self.total, -1 if self.last_known else self.num_segments - 1)
+        return self.seg_lens((seg,))[0]
 
     def seg_lens(self, segs: Sequence[int]) -> list[int]:
         """`seg_len` of each of `segs`, at once (a ring's whole program asks them all)."""
         size, total, unknown = self.segment_bytes, self.total, -1 if self.last_known else self.num_segments - 1
-        return [_seg_bytes(s, size, total, unknown) for s in segs]
-
-
-def _seg_bytes(seg: int, size: int, total: int, unknown: int) -> int:
-    """Bytes of segment `seg` of `size`-byte segments over `total`; -1 for segment `unknown`."""
-    return -1 if seg == unknown else max(0, min(size, total - seg * size))
+        return [-1 if s == unknown else max(0, min(size, total - s * size)) for s in segs]
 
 
 class RingAllreduce:
@@ -239,8 +234,12 @@ class RingAllreduce:
 
     def _ring_origins(self, sends: Sequence[SendRef], real: RealRanks) -> list[tuple[list[SendRef], SendRef | None]]:
         spr, above, out = self.geo.per_rank, {}, []
+        sent: dict[int, set[int]] = {}  # for many at once: a real rank's send steps, looked up once
+        has_send = self._has_send if len(sends) < 64 else (lambda x, t: t in sent[x])
         for rank, step in sends:
             x, d = above.get(rank) or above.setdefault(rank, real.above(rank))  # once per rank
+            if x not in sent and len(sends) >= 64:
+                sent[x] = {m.step for m in self.sends(x)}
             deps: list[SendRef] = []
             content = None
             data_step = step - d * spr
@@ -248,7 +247,7 @@ class RingAllreduce:
                 content = (x, data_step)
                 deps.append(content)
             wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
-            if wait_step >= 0 and wait_step != data_step and self._has_send(x, wait_step):
+            if wait_step >= 0 and wait_step != data_step and has_send(x, wait_step):
                 deps.append((x, wait_step))
             out.append((deps, content))
         return out
