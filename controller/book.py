@@ -60,7 +60,9 @@ def load_program(
     pairs are added to the book and to `index`; returns the pairs that got messages."""
     grown: set[Pair] = set()
     members = real.members
-    deps_extra = list(extra_deps)
+    # A recorded Program takes a pair's messages at once when their lengths are known: a
+    # large world's ring has 2(W-1) of them, and this is a new shape's set-up, live too.
+    bulk = isinstance(book, Program) and not extra_deps
 
     def pair(r: int, e: int) -> int:
         grown.add((r, e))
@@ -69,29 +71,45 @@ def load_program(
             i = index[(r, e)] = book.add_pair(r, e)
         return i
 
-    # Per message this is the live engine's set-up for a new shape (a large world's ring
-    # has 2(W-1) of them): the lookups are hoisted out of the loops.
-    expect_send, expect_recv, origin = book.expect_send, book.expect_recv, schedule.origin
     for r in real.sorted:
-        pairs: dict[int, int] = {}  # emulated peer -> the pair's index
-        for m in sends(r):
-            if m.peer not in members:
-                i = pairs.get(m.peer)
-                if i is None:
-                    i = pairs[m.peer] = pair(r, m.peer)
-                n = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
-                expect_send(i, m.step, m.nbytes, n, n)
-        pairs = {}
-        mine = [m for m in recvs(r) if m.peer not in members]
-        bulk = getattr(schedule, "origins", None)  # a ring's, at once
-        found = bulk([(m.peer, m.step) for m in mine], real) if bulk else [origin(m.peer, m.step, real) for m in mine]
-        for m, (deps, content) in zip(mine, found, strict=True):
-            i = pairs.get(m.peer)
-            if i is None:
-                i = pairs[m.peer] = pair(r, m.peer)
-            limit = m.nbytes if m.nbytes >= 0 else post_len(schedule, m)
-            expect_recv(i, m.step, m.nbytes, limit, [*deps, *deps_extra] if deps_extra else deps, _refs(content))
+        for peer, msgs in _by_peer(sends(r), members).items():
+            i = pair(r, peer)
+            if bulk and all(m.nbytes >= 0 for m in msgs):
+                book.expect_sends(i, msgs)
+                continue
+            for m in msgs:
+                n = post_len(schedule, m)
+                book.expect_send(i, m.step, m.nbytes, n, n)
+        for peer, msgs in _by_peer(recvs(r), members).items():
+            i = pair(r, peer)
+            found = _origins(schedule, msgs, real)
+            if bulk and all(m.nbytes >= 0 for m in msgs):
+                book.expect_recvs(i, msgs, found)
+                continue
+            for m, (deps, content) in zip(msgs, found, strict=True):
+                book.expect_recv(i, m.step, m.nbytes, post_len(schedule, m), [*deps, *extra_deps], _refs(content))
     return grown
+
+
+def _by_peer(msgs: Sequence[Msg], real: frozenset[int]) -> dict[int, list[Msg]]:
+    """The messages with emulated peers, by peer (in first-seen order), each peer's in order."""
+    out: dict[int, list[Msg]] = {}
+    for m in msgs:
+        if m.peer not in real:
+            mine = out.get(m.peer)
+            if mine is None:
+                out[m.peer] = [m]
+            else:
+                mine.append(m)
+    return out
+
+
+def _origins(schedule: Schedule, msgs: Sequence[Msg], real: RealRanks) -> list:
+    """`schedule.origin` of each emulated send (peer, step) in `msgs`; a ring's at once."""
+    bulk = getattr(schedule, "origins", None)
+    if bulk is not None:
+        return bulk([(m.peer, m.step) for m in msgs], real)
+    return [schedule.origin(m.peer, m.step, real) for m in msgs]
 
 
 class ProgramCache:

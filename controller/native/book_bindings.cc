@@ -817,6 +817,87 @@ PyObject* program_expect_recv(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// A send's content as origin() gives it: None, one (rank, step), or a tuple of them.
+bool parse_content(PyObject* obj, std::vector<SendRef>* out) {
+  if (obj == Py_None) return true;
+  if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 2 && PyLong_Check(PyTuple_GET_ITEM(obj, 0))) {
+    long long rank, step;
+    if (!PyArg_ParseTuple(obj, "LL", &rank, &step)) return false;
+    out->push_back(SendRef{rank, step});
+    return true;
+  }
+  return parse_refs(obj, out);
+}
+
+// (peer, step, nbytes) of a Msg, its length known (>= 0).
+bool parse_msg(PyObject* m, long long* step, long long* nbytes) {
+  long long peer;
+  if (!PyArg_ParseTuple(m, "LLL", &peer, step, nbytes)) return false;
+  if (*nbytes < 0) {
+    PyErr_Format(PyExc_ValueError, "a message at step %lld whose length only the wire tells: add it alone", *step);
+    return false;
+  }
+  return true;
+}
+
+PyObject* program_expect_sends(PyObject* obj, PyObject* args) {
+  Program* p = growing(obj);
+  Py_ssize_t i;
+  PyObject* msgs;
+  if (p == nullptr || !PyArg_ParseTuple(args, "nO", &i, &msgs) || !valid_program_pair(*p, i)) return nullptr;
+  PyObject* fast = PySequence_Fast(msgs, "expected a sequence of messages");
+  if (fast == nullptr) return nullptr;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  p->ops.reserve(p->ops.size() + static_cast<size_t>(n));
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    long long step, nbytes;
+    if (!parse_msg(PySequence_Fast_GET_ITEM(fast, k), &step, &nbytes)) {
+      Py_DECREF(fast);
+      return nullptr;
+    }
+    p->ops.push_back(Program::Op{static_cast<size_t>(i), true, step, nbytes, nbytes, nbytes, {}, {}});
+  }
+  Py_DECREF(fast);
+  Py_RETURN_NONE;
+}
+
+PyObject* program_expect_recvs(PyObject* obj, PyObject* args) {
+  Program* p = growing(obj);
+  Py_ssize_t i;
+  PyObject *msgs, *origins;
+  if (p == nullptr || !PyArg_ParseTuple(args, "nOO", &i, &msgs, &origins) || !valid_program_pair(*p, i)) {
+    return nullptr;
+  }
+  PyObject* fm = PySequence_Fast(msgs, "expected a sequence of messages");
+  PyObject* fo = fm != nullptr ? PySequence_Fast(origins, "expected a sequence of (deps, content)") : nullptr;
+  bool ok = fo != nullptr;
+  const Py_ssize_t n = ok ? PySequence_Fast_GET_SIZE(fm) : 0;
+  if (ok && PySequence_Fast_GET_SIZE(fo) != n) {
+    PyErr_SetString(PyExc_ValueError, "one (deps, content) per message");
+    ok = false;
+  }
+  if (ok) p->ops.reserve(p->ops.size() + static_cast<size_t>(n));
+  for (Py_ssize_t k = 0; ok && k < n; ++k) {
+    long long step, nbytes;
+    PyObject* origin = PySequence_Fast_GET_ITEM(fo, k);
+    std::vector<SendRef> deps, content;
+    ok = parse_msg(PySequence_Fast_GET_ITEM(fm, k), &step, &nbytes);
+    if (ok && (!PyTuple_Check(origin) || PyTuple_GET_SIZE(origin) != 2)) {
+      PyErr_SetString(PyExc_TypeError, "expected (deps, content)");
+      ok = false;
+    }
+    ok = ok && parse_refs(PyTuple_GET_ITEM(origin, 0), &deps) && parse_content(PyTuple_GET_ITEM(origin, 1), &content);
+    if (ok) {
+      p->ops.push_back(Program::Op{static_cast<size_t>(i), false, step, nbytes, nbytes, -1, std::move(deps),
+                                   std::move(content)});
+    }
+  }
+  Py_XDECREF(fm);
+  Py_XDECREF(fo);
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
 PyObject* program_len(PyObject* obj, void*) {
   Program* p = program_of(obj);
   return p != nullptr ? PyLong_FromSize_t(p->ops.size()) : nullptr;
@@ -827,6 +908,12 @@ PyMethodDef program_methods[] = {
     {"expect_send", program_expect_send, METH_VARARGS, "expect_send(pair, step, nbytes, limit, post_len): as Book's."},
     {"expect_recv", program_expect_recv, METH_VARARGS,
      "expect_recv(pair, step, nbytes, limit, deps, content): as Book's."},
+    {"expect_sends", program_expect_sends, METH_VARARGS,
+     "expect_sends(pair, msgs): expect_send of each (peer, step, nbytes) message, its length known (limit and "
+     "post_len too), at once."},
+    {"expect_recvs", program_expect_recvs, METH_VARARGS,
+     "expect_recvs(pair, msgs, origins): expect_recv of each (peer, step, nbytes) message, its length known, with its "
+     "(deps, content) as a schedule's origin() gives them, at once."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -17,7 +17,10 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
+from itertools import repeat
 from typing import NamedTuple, Protocol
+
+import numpy as np
 
 from .kinds import Kind
 
@@ -157,12 +160,16 @@ class RingGeometry:
 
     def seg_len(self, seg: int) -> int:
         """Bytes of segment `seg` (0: skipped; -1: the last one, length not known yet)."""
-        return self.seg_lens((seg,))[0]
+        if not self.last_known and seg == self.num_segments - 1:
+            return -1
+        return max(0, min(self.segment_bytes, self.total - seg * self.segment_bytes))
 
-    def seg_lens(self, segs: Sequence[int]) -> list[int]:
-        """`seg_len` of each of `segs`, at once (a ring's whole program asks them all)."""
-        size, total, unknown = self.segment_bytes, self.total, -1 if self.last_known else self.num_segments - 1
-        return [-1 if s == unknown else max(0, min(size, total - s * size)) for s in segs]
+    def seg_lens(self, segs: np.ndarray) -> np.ndarray:
+        """`seg_len` of each of `segs`, at once, in numpy (a large ring's program asks them all)."""
+        lens = np.clip(self.total - segs * self.segment_bytes, 0, self.segment_bytes)
+        if not self.last_known:
+            lens[segs == self.num_segments - 1] = -1
+        return lens
 
 
 class RingAllreduce:
@@ -197,19 +204,19 @@ class RingAllreduce:
         """The steps where a phase begins: within one, each step's segment follows the last's."""
         return (0, self.geo.phase_steps)
 
-    def _segs(self, rank: int, recv: bool) -> list[int]:
+    def _segs(self, rank: int, recv: bool) -> np.ndarray:
         """`_seg` of every step, at once: each phase's first from `_seg`, the rest counted on."""
-        steps, num, segs = self.ring_steps, self.geo.num_segments, []
+        steps, num = self.ring_steps, self.geo.num_segments
         bounds = sorted({b for b in self._phase_starts() if b < steps} | {0}) + [steps]
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            first = self._seg(rank, a, recv)
-            segs.extend(i % num for i in range(first, first + b - a))
-        return segs
+        pairs = zip(bounds, bounds[1:], strict=False)
+        runs = [self._seg(rank, a, recv) + np.arange(b - a, dtype=np.int64) for a, b in pairs]
+        return np.concatenate(runs) % num if runs else np.zeros(0, dtype=np.int64)
 
     def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
         lens = self.geo.seg_lens(self._segs(rank, recv))
-        return tuple(map(_msg, [(peer, t, n) for t, n in enumerate(lens) if n != 0]))
+        steps = np.flatnonzero(lens)
+        return tuple(map(_msg, zip(repeat(peer), steps.tolist(), lens[steps].tolist())))
 
     def sends(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=False)
