@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
+import numpy as np
+
 from neuronabox.schedules.gloo import Msg, RealRanks, Schedule, SendRef
 from neuronabox.schedules.gloo_reduce import RingReduce
 
@@ -80,19 +82,26 @@ def load_program(
             for m in msgs:
                 n = post_len(schedule, m)
                 book.expect_send(i, m.step, m.nbytes, n, n)
+        upstream = getattr(schedule, "upstream", None)
         for peer, msgs in _by_peer(recvs(r), members).items():
             i = pair(r, peer)
-            found = _origins(schedule, msgs, real)
-            if bulk and all(m.nbytes >= 0 for m in msgs):
-                book.expect_recvs(i, msgs, found)
+            if bulk and upstream is not None and all(m.nbytes >= 0 for m in msgs):
+                steps = np.array([m.step for m in msgs], dtype=np.int64)
+                x, data, wait = upstream(peer, steps, real)
+                book.expect_recvs_upstream(i, steps, np.array([m.nbytes for m in msgs], dtype=np.int64), x, data, wait)
                 continue
-            for m, (deps, content) in zip(msgs, found, strict=True):
+            for m in msgs:
+                deps, content = schedule.origin(m.peer, m.step, real)
                 book.expect_recv(i, m.step, m.nbytes, post_len(schedule, m), [*deps, *extra_deps], _refs(content))
     return grown
 
 
 def _by_peer(msgs: Sequence[Msg], real: frozenset[int]) -> dict[int, list[Msg]]:
     """The messages with emulated peers, by peer (in first-seen order), each peer's in order."""
+    peers = {m.peer for m in msgs}
+    if len(peers) == 1:  # a ring's: one peer
+        (peer,) = peers
+        return {} if peer in real else {peer: list(msgs)}
     out: dict[int, list[Msg]] = {}
     for m in msgs:
         if m.peer not in real:
@@ -102,14 +111,6 @@ def _by_peer(msgs: Sequence[Msg], real: frozenset[int]) -> dict[int, list[Msg]]:
             else:
                 mine.append(m)
     return out
-
-
-def _origins(schedule: Schedule, msgs: Sequence[Msg], real: RealRanks) -> list:
-    """`schedule.origin` of each emulated send (peer, step) in `msgs`; a ring's at once."""
-    bulk = getattr(schedule, "origins", None)
-    if bulk is not None:
-        return bulk([(m.peer, m.step) for m in msgs], real)
-    return [schedule.origin(m.peer, m.step, real) for m in msgs]
 
 
 class ProgramCache:

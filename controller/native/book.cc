@@ -68,39 +68,6 @@ BytesRef zeros(size_t n) {
   return z;
 }
 
-std::vector<BytesRef>& Crossed::row(int64_t rank) {
-  if (last_ != nullptr && last_rank_ == rank) return *last_;
-  last_rank_ = rank;
-  last_ = &by_rank_[rank];
-  return *last_;
-}
-
-void Crossed::put(SendRef ref, BytesRef bytes) {
-  if (ref.step < 0 || ref.step >= kDenseSteps) {
-    sparse_[ref.key()] = std::move(bytes);
-    return;
-  }
-  std::vector<BytesRef>& r = row(ref.rank);
-  const auto i = static_cast<size_t>(ref.step);
-  if (r.size() <= i) r.resize(i + 1);
-  r[i] = std::move(bytes);
-}
-
-const BytesRef* Crossed::find(SendRef ref) const {
-  if (ref.step < 0 || ref.step >= kDenseSteps) {
-    auto it = sparse_.find(ref.key());
-    return it == sparse_.end() ? nullptr : &it->second;
-  }
-  const std::vector<BytesRef>* r = last_ != nullptr && last_rank_ == ref.rank ? last_ : nullptr;
-  if (r == nullptr) {
-    auto it = by_rank_.find(ref.rank);
-    if (it == by_rank_.end()) return nullptr;
-    r = &it->second;
-  }
-  const auto i = static_cast<size_t>(ref.step);
-  return i < r->size() && (*r)[i] ? &(*r)[i] : nullptr;
-}
-
 Book::Book(std::string name, uint64_t slot, std::shared_ptr<ReleaseClock> clock,
            std::shared_ptr<PayloadSource> source, std::shared_ptr<ProgramExtension> extension)
     : name_(std::move(name)),
@@ -132,7 +99,9 @@ void Book::load(std::shared_ptr<const Program> program) {
   for (const auto& [rank, step] : last_step) {  // room for every step it sends at: no growth on the way
     if (step >= 0 && step < (int64_t{1} << 24)) received_.reserve(rank, static_cast<size_t>(step) + 1);
   }
-  waiting_.reserve(real_sends);
+  for (const auto& [rank, step] : last_step) {
+    if (step >= 0 && step < (int64_t{1} << 24)) waiting_.reserve(rank, static_cast<size_t>(step) + 1);
+  }
   programs_.push_back(std::move(program));
 }
 
@@ -175,16 +144,17 @@ void Book::post(size_t pair, Actions& out) {
 }
 
 void Book::arrive(SendRef ref, double now, Actions& out) {
-  if (received_.find(ref) == nullptr) received_.put(ref, zeros(0));
-  wake(ref.key(), now, out);
+  if (!has_crossed(ref)) received_.at(ref) = zeros(0);
+  wake(ref, now, out);
 }
 
-void Book::wake(uint64_t key, double now, Actions& out) {
-  auto it = waiting_.find(key);
-  if (it == waiting_.end()) return;
-  std::vector<PendingSend*> fed = std::move(it->second);
-  waiting_.erase(it);
-  for (PendingSend* s : fed) {
+void Book::wake(SendRef ref, double now, Actions& out) {
+  WaitList* list = waiting_.find(ref);
+  if (list == nullptr || list->head == nullptr) return;
+  Waiter* w = list->head;
+  *list = WaitList{};  // taken whole: a flush below cannot add to it (its send is in)
+  for (; w != nullptr; w = w->next) {
+    PendingSend* s = w->send;
     if (--s->missing == 0) {
       s->inputs_at = now;
       flush(s->pair, now, out);
@@ -200,7 +170,7 @@ void Book::settle(int64_t n, double now, Actions& out) {
   }
 }
 
-BytesRef Book::received(SendRef ref) const {
+BytesRef Book::received(SendRef ref) {
   const BytesRef* b = received_.find(ref);
   return b != nullptr ? *b : nullptr;
 }
@@ -272,10 +242,10 @@ void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
     throw ProtocolFault(where(p, std::to_string(n) + " data bytes, schedule expects " + std::to_string(m.nbytes), m.step));
   }
   const SendRef ref{p.real, m.step};
-  received_.put(ref, std::move(payload));
+  received_.at(ref) = std::move(payload);
   if (clock_) clock_->real_sent(p.real, m.step, now);
   crossed(p.real, now, out);
-  wake(ref.key(), now, out);
+  wake(ref, now, out);
 }
 
 void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out) {
@@ -295,9 +265,12 @@ void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out)
   s->nbytes = n;
   s->content = &op.content;
   for (const SendRef& dep : op.deps) {
-    if (received_.find(dep) == nullptr) {
+    if (!has_crossed(dep)) {
       ++s->missing;
-      waiting_[dep.key()].push_back(s);
+      Waiter* w = &waiters_.emplace_back(Waiter{s, nullptr});
+      WaitList& list = waiting_.at(dep);
+      (list.tail != nullptr ? list.tail->next : list.head) = w;
+      list.tail = w;
     }
   }
   // Made on the real rank's receive notice: the notice is its first input (Gloo sends
@@ -336,13 +309,13 @@ void Book::flush(size_t pair, double now, Actions& out) {
   }
 }
 
-const BytesRef& Book::carried(SendRef ref) const {
+const BytesRef& Book::carried(SendRef ref) {
   const BytesRef* b = received_.find(ref);
-  if (b == nullptr) throw std::out_of_range("a send's content before it crossed");
+  if (b == nullptr || !*b) throw std::out_of_range("a send's content before it crossed");
   return *b;
 }
 
-BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) const {
+BytesRef Book::bytes_of(const std::vector<SendRef>& content, int64_t n) {
   if (content.empty()) return zeros(static_cast<size_t>(n));
   if (content.size() == 1) return carried(content[0]);
   std::vector<uint8_t> joined;  // several real sends, concatenated (a reduce's chunk)

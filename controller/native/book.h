@@ -69,23 +69,49 @@ class ProgramExtension {
   virtual bool extend(size_t pair, bool send) = 0;
 };
 
-// What crossed, by SendRef: each real rank's sends by step, densely (a rank's steps run
-// from 0 up), so a lookup is two indexings and a book's end frees no node per message.
-class Crossed {
+// Something per real send, by SendRef: each real rank's sends by step, densely (a rank's
+// steps run from 0 up), so a lookup is two indexings and a book's end frees no node per
+// message. What crossed, and the sends waiting for what has not.
+template <class T>
+class SendTable {
  public:
   void reserve(int64_t rank, size_t steps) { row(rank).reserve(steps); }
-  void put(SendRef ref, BytesRef bytes);
-  // Its bytes, or null when it has not crossed.
-  const BytesRef* find(SendRef ref) const;
+  // The entry, made (empty) if there is none.
+  T& at(SendRef ref) {
+    if (ref.step < 0 || ref.step >= kDenseSteps) return sparse_[ref.key()];
+    std::vector<T>& r = row(ref.rank);
+    const auto i = static_cast<size_t>(ref.step);
+    if (r.size() <= i) r.resize(i + 1);
+    return r[i];
+  }
+  // The entry, or null where none was made.
+  T* find(SendRef ref) {
+    if (ref.step < 0 || ref.step >= kDenseSteps) {
+      auto it = sparse_.find(ref.key());
+      return it == sparse_.end() ? nullptr : &it->second;
+    }
+    std::vector<T>* r = last_ != nullptr && last_rank_ == ref.rank ? last_ : nullptr;
+    if (r == nullptr) {
+      auto it = by_rank_.find(ref.rank);
+      if (it == by_rank_.end()) return nullptr;
+      r = &it->second;
+    }
+    const auto i = static_cast<size_t>(ref.step);
+    return i < r->size() ? &(*r)[i] : nullptr;
+  }
 
  private:
   static constexpr int64_t kDenseSteps = int64_t{1} << 24;  // past this (or below 0), a map
-  std::vector<BytesRef>& row(int64_t rank);
+  std::vector<T>& row(int64_t rank) {
+    if (last_ != nullptr && last_rank_ == rank) return *last_;
+    last_rank_ = rank;
+    return *(last_ = &by_rank_[rank]);
+  }
 
-  std::unordered_map<int64_t, std::vector<BytesRef>> by_rank_;  // nodes never move
-  std::unordered_map<uint64_t, BytesRef> sparse_;
+  std::unordered_map<int64_t, std::vector<T>> by_rank_;  // nodes never move
+  std::unordered_map<uint64_t, T> sparse_;
   int64_t last_rank_ = 0;
-  std::vector<BytesRef>* last_ = nullptr;  // by_rank_[last_rank_], the one asked last
+  std::vector<T>* last_ = nullptr;  // by_rank_[last_rank_], the row asked last
 };
 
 // What one call asks of its driver.
@@ -156,7 +182,7 @@ class Book {
   bool done() const { return remaining_ == 0; }
   double done_at() const { return done_at_; }
   // The payload of a real send that crossed (null: not yet).
-  BytesRef received(SendRef ref) const;
+  BytesRef received(SendRef ref);
   // Real rank -> (first frame, last message crossed).
   const std::unordered_map<int64_t, std::pair<double, double>>& rank_times() const { return rank_times_; }
   std::vector<double> take_lateness() { return std::move(lateness_); }
@@ -207,12 +233,16 @@ class Book {
   int64_t check_len(const PairBook& p, const Expected& m, uint64_t length, const char* verb) const;
   void expect(const Program::Op& op);  // a receive of the real rank's, its op kept in place
   void enter(int64_t real, double now);
-  void wake(uint64_t key, double now, Actions& out);  // frees the sends that waited on `key`
+  void wake(SendRef ref, double now, Actions& out);  // frees the sends that waited on `ref`
+  bool has_crossed(SendRef ref) {
+    const BytesRef* b = received_.find(ref);
+    return b != nullptr && *b;
+  }
   void crossed(int64_t real, double now, Actions& out);
   void flush(size_t pair, double now, Actions& out);
   void send(PendingSend& p, double now, Actions& out);
-  BytesRef bytes_of(const std::vector<SendRef>& content, int64_t n) const;
-  const BytesRef& carried(SendRef ref) const;  // what a real send carried (it crossed)
+  BytesRef bytes_of(const std::vector<SendRef>& content, int64_t n);
+  const BytesRef& carried(SendRef ref);  // what a real send carried (it crossed)
 
   std::string name_;
   uint64_t slot_;
@@ -223,8 +253,17 @@ class Book {
   std::vector<std::shared_ptr<const Program>> programs_;  // loaded: their ops are read in place
   std::deque<Program::Op> own_ops_;  // receives added one by one (expect_real_recv); never move
   std::deque<PendingSend> made_;     // every emulated send made; never move
-  Crossed received_;                                                 // what crossed, by SendRef
-  std::unordered_map<uint64_t, std::vector<PendingSend*>> waiting_;  // real send -> sends it feeds
+  struct Waiter {  // one send waiting for one real send, in the order they came
+    PendingSend* send;
+    Waiter* next;
+  };
+  struct WaitList {
+    Waiter* head = nullptr;
+    Waiter* tail = nullptr;
+  };
+  std::deque<Waiter> waiters_;  // never move
+  SendTable<BytesRef> received_;  // what crossed (null: not yet), by SendRef
+  SendTable<WaitList> waiting_;    // real send -> the sends it feeds, not yet in
   std::unordered_map<int64_t, std::pair<double, double>> rank_times_;
   std::vector<double> lateness_;
   std::unordered_map<int64_t, double> last_write_;  // real rank -> this book's latest write to it

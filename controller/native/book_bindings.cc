@@ -817,18 +817,6 @@ PyObject* program_expect_recv(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// A send's content as origin() gives it: None, one (rank, step), or a tuple of them.
-bool parse_content(PyObject* obj, std::vector<SendRef>* out) {
-  if (obj == Py_None) return true;
-  if (PyTuple_Check(obj) && PyTuple_GET_SIZE(obj) == 2 && PyLong_Check(PyTuple_GET_ITEM(obj, 0))) {
-    long long rank, step;
-    if (!PyArg_ParseTuple(obj, "LL", &rank, &step)) return false;
-    out->push_back(SendRef{rank, step});
-    return true;
-  }
-  return parse_refs(obj, out);
-}
-
 // (peer, step, nbytes) of a Msg, its length known (>= 0).
 bool parse_msg(PyObject* m, long long* step, long long* nbytes) {
   long long peer;
@@ -839,6 +827,30 @@ bool parse_msg(PyObject* m, long long* step, long long* nbytes) {
   }
   return true;
 }
+
+// A one-dimensional int64 array's items (a numpy array, through the buffer protocol).
+class Int64s {
+ public:
+  bool get(PyObject* obj, const char* what) {
+    if (PyObject_GetBuffer(obj, &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return false;
+    held_ = true;
+    const char* f = view_.format != nullptr ? view_.format : "B";
+    if (view_.ndim != 1 || view_.itemsize != 8 || (std::string(f) != "l" && std::string(f) != "q")) {
+      PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional int64 array", what);
+      return false;
+    }
+    return true;
+  }
+  ~Int64s() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  size_t size() const { return static_cast<size_t>(view_.shape[0]); }
+  int64_t operator[](size_t i) const { return static_cast<const int64_t*>(view_.buf)[i]; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
 
 PyObject* program_expect_sends(PyObject* obj, PyObject* args) {
   Program* p = growing(obj);
@@ -861,40 +873,41 @@ PyObject* program_expect_sends(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-PyObject* program_expect_recvs(PyObject* obj, PyObject* args) {
+PyObject* program_expect_recvs_upstream(PyObject* obj, PyObject* args) {
   Program* p = growing(obj);
   Py_ssize_t i;
-  PyObject *msgs, *origins;
-  if (p == nullptr || !PyArg_ParseTuple(args, "nOO", &i, &msgs, &origins) || !valid_program_pair(*p, i)) {
+  long long x;
+  PyObject *steps_obj, *nbytes_obj, *data_obj, *wait_obj;
+  if (p == nullptr || !PyArg_ParseTuple(args, "nOOLOO", &i, &steps_obj, &nbytes_obj, &x, &data_obj, &wait_obj) ||
+      !valid_program_pair(*p, i)) {
     return nullptr;
   }
-  PyObject* fm = PySequence_Fast(msgs, "expected a sequence of messages");
-  PyObject* fo = fm != nullptr ? PySequence_Fast(origins, "expected a sequence of (deps, content)") : nullptr;
-  bool ok = fo != nullptr;
-  const Py_ssize_t n = ok ? PySequence_Fast_GET_SIZE(fm) : 0;
-  if (ok && PySequence_Fast_GET_SIZE(fo) != n) {
-    PyErr_SetString(PyExc_ValueError, "one (deps, content) per message");
-    ok = false;
+  Int64s steps, nbytes, data, wait;
+  if (!steps.get(steps_obj, "steps") || !nbytes.get(nbytes_obj, "nbytes") || !data.get(data_obj, "data") ||
+      !wait.get(wait_obj, "wait")) {
+    return nullptr;
   }
-  if (ok) p->ops.reserve(p->ops.size() + static_cast<size_t>(n));
-  for (Py_ssize_t k = 0; ok && k < n; ++k) {
-    long long step, nbytes;
-    PyObject* origin = PySequence_Fast_GET_ITEM(fo, k);
+  const size_t n = steps.size();
+  if (nbytes.size() != n || data.size() != n || wait.size() != n) {
+    PyErr_SetString(PyExc_ValueError, "steps, nbytes, data and wait differ in length");
+    return nullptr;
+  }
+  p->ops.reserve(p->ops.size() + n);
+  for (size_t k = 0; k < n; ++k) {
+    if (nbytes[k] < 0) {
+      PyErr_Format(PyExc_ValueError, "a receive at step %lld whose length only the wire tells: add it alone",
+                   static_cast<long long>(steps[k]));
+      return nullptr;
+    }
     std::vector<SendRef> deps, content;
-    ok = parse_msg(PySequence_Fast_GET_ITEM(fm, k), &step, &nbytes);
-    if (ok && (!PyTuple_Check(origin) || PyTuple_GET_SIZE(origin) != 2)) {
-      PyErr_SetString(PyExc_TypeError, "expected (deps, content)");
-      ok = false;
+    if (data[k] >= 0) {
+      content.push_back(SendRef{x, data[k]});
+      deps.push_back(content.back());
     }
-    ok = ok && parse_refs(PyTuple_GET_ITEM(origin, 0), &deps) && parse_content(PyTuple_GET_ITEM(origin, 1), &content);
-    if (ok) {
-      p->ops.push_back(Program::Op{static_cast<size_t>(i), false, step, nbytes, nbytes, -1, std::move(deps),
-                                   std::move(content)});
-    }
+    if (wait[k] >= 0) deps.push_back(SendRef{x, wait[k]});
+    p->ops.push_back(Program::Op{static_cast<size_t>(i), false, steps[k], nbytes[k], nbytes[k], -1, std::move(deps),
+                                 std::move(content)});
   }
-  Py_XDECREF(fm);
-  Py_XDECREF(fo);
-  if (!ok) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -911,9 +924,10 @@ PyMethodDef program_methods[] = {
     {"expect_sends", program_expect_sends, METH_VARARGS,
      "expect_sends(pair, msgs): expect_send of each (peer, step, nbytes) message, its length known (limit and "
      "post_len too), at once."},
-    {"expect_recvs", program_expect_recvs, METH_VARARGS,
-     "expect_recvs(pair, msgs, origins): expect_recv of each (peer, step, nbytes) message, its length known, with its "
-     "(deps, content) as a schedule's origin() gives them, at once."},
+    {"expect_recvs_upstream", program_expect_recvs_upstream, METH_VARARGS,
+     "expect_recvs_upstream(pair, steps, nbytes, x, data, wait): expect_recv of each receive (int64 arrays), its "
+     "length known; its emulated send carries real rank x's send at data[k] and waits for it and for x's send at "
+     "wait[k] (-1: none), as a ring's upstream() gives them."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -13,26 +13,43 @@ constexpr int kMaxIov = 1024;  // IOV_MAX on Linux
 
 void Outbox::append(const uint8_t* p, size_t n) {
   if (n == 0) return;
-  if (pieces_.empty() || pieces_.back().ref || pieces_.back().off != 0) {
+  if (head_ == pieces_.size() || pieces_.back().ref || pieces_.back().off != 0) {
     pieces_.emplace_back();
   }
-  auto& own = pieces_.back().own;
-  own.insert(own.end(), p, p + n);
+  Piece& last = pieces_.back();
+  if (last.big.empty() && last.small_len + n <= kInline) {
+    std::memcpy(last.small + last.small_len, p, n);
+    last.small_len += n;
+  } else {
+    if (last.big.empty()) last.big.assign(last.small, last.small + last.small_len);
+    last.big.insert(last.big.end(), p, p + n);
+  }
   pending_ += n;
 }
 
 void Outbox::append(BytesRef ref) {
   const size_t n = ref->size();
   if (n == 0) return;
-  Piece piece;
-  piece.ref = std::move(ref);
-  pieces_.push_back(std::move(piece));
+  pieces_.emplace_back();
+  pieces_.back().ref = std::move(ref);
   pending_ += n;
+}
+
+void Outbox::drop_front() {
+  pieces_[head_] = Piece{};  // let go of its payload now
+  if (++head_ == pieces_.size()) {
+    pieces_.clear();
+    head_ = 0;
+  } else if (head_ >= 64 && head_ * 2 >= pieces_.size()) {  // a socket that never drains: no unbounded front
+    pieces_.erase(pieces_.begin(), pieces_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+  }
 }
 
 int Outbox::gather(struct iovec* iov, int max) const {
   int count = 0;
-  for (const auto& piece : pieces_) {
+  for (size_t i = head_; i < pieces_.size(); ++i) {
+    const Piece& piece = pieces_[i];
     if (count == max) break;
     iov[count].iov_base = const_cast<uint8_t*>(piece.data() + piece.off);
     iov[count].iov_len = piece.size() - piece.off;
@@ -44,14 +61,14 @@ int Outbox::gather(struct iovec* iov, int max) const {
 void Outbox::consume(size_t n) {
   pending_ -= n;
   while (n > 0) {
-    Piece& head = pieces_.front();
+    Piece& head = pieces_[head_];
     const size_t left = head.size() - head.off;
     if (n < left) {
       head.off += n;
       return;
     }
     n -= left;
-    pieces_.pop_front();
+    drop_front();
   }
 }
 
@@ -64,10 +81,12 @@ std::vector<uint8_t> Outbox::take() {
 void Outbox::take_into(std::vector<uint8_t>* out) {
   out->clear();
   out->reserve(pending_);
-  for (const auto& piece : pieces_) {
+  for (size_t i = head_; i < pieces_.size(); ++i) {
+    const Piece& piece = pieces_[i];
     out->insert(out->end(), piece.data() + piece.off, piece.data() + piece.size());
   }
   pieces_.clear();
+  head_ = 0;
   pending_ = 0;
 }
 

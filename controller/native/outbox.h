@@ -40,15 +40,25 @@ class Outbox {
   FlushResult flush(int fd, int* err);
 
  private:
+  static constexpr size_t kInline = 96;  // two frame headers: a send's notice and its data's
+
+  // A payload by reference, or copied-in bytes: inline while they fit (a frame's headers,
+  // the usual case: no allocation per frame), else in `big`.
   struct Piece {
-    BytesRef ref;               // a payload, or null: the bytes are in `own`
-    std::vector<uint8_t> own;   // copied-in headers, appended to while last
-    size_t off = 0;             // bytes of this piece already written
-    const uint8_t* data() const { return ref ? ref->data() : own.data(); }
-    size_t size() const { return ref ? ref->size() : own.size(); }
+    BytesRef ref;
+    std::vector<uint8_t> big;
+    uint8_t small[kInline];
+    size_t small_len = 0;
+    size_t off = 0;  // bytes of this piece already written
+    const uint8_t* data() const { return ref ? ref->data() : (big.empty() ? small : big.data()); }
+    size_t size() const { return ref ? ref->size() : (big.empty() ? small_len : big.size()); }
   };
-  std::deque<Piece> pieces_;
+  // Pieces [head_, end) are queued: a vector whose front moves on, and which starts over
+  // (keeping its capacity) whenever everything is written.
+  std::vector<Piece> pieces_;
+  size_t head_ = 0;
   size_t pending_ = 0;
+  void drop_front();
 };
 
 }  // namespace nbx

@@ -21,8 +21,8 @@ RankProgram::RankProgram(std::vector<Msg> sends, std::vector<Msg> recvs, int64_t
 }
 
 size_t RankProgram::peer_index(int64_t peer) {
-  auto [it, fresh] = index_.emplace(peer, peers_.size());
-  if (!fresh) return it->second;
+  if (auto it = index_.find(peer); it != index_.end()) return it->second;  // (emplace would allocate first)
+  index_.emplace(peer, peers_.size());
   peers_.push_back(peer);
   sends_to_.emplace_back();
   recvs_from_.emplace_back();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
 from neuronabox.args import ArgParser
@@ -61,4 +62,7 @@ def main(argv: list[str]) -> int:
     if warning := tracefile.cut_off(doc, ns.trace):
         print(f"neuronabox: warning: {warning}", file=sys.stderr)
     print(text)
+    # What the run built (a large world's schedules hold a message object per step) lives
+    # until the process ends: the collector's last pass over it at exit would free nothing.
+    gc.freeze()
     return 0

@@ -233,31 +233,28 @@ class RingAllreduce:
         return sched
 
     def origin(self, rank: int, step: int, real: RealRanks) -> tuple[list[SendRef], SendRef | None]:
-        return self._ring_origins(((rank, step),), real)[0]
+        x, d = real.above(rank)
+        deps: list[SendRef] = []
+        content = None
+        data_step = step - d * self.geo.per_rank
+        if data_step >= 0:
+            content = (x, data_step)
+            deps.append(content)
+        wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
+        if wait_step >= 0 and wait_step != data_step and self._has_send(x, wait_step):
+            deps.append((x, wait_step))
+        return deps, content
 
-    def origins(self, sends: Sequence[SendRef], real: RealRanks) -> list[tuple[list[SendRef], SendRef | None]]:
-        """`origin` of each emulated (rank, step) send, at once (a new shape's whole program)."""
-        return self._ring_origins(sends, real)
-
-    def _ring_origins(self, sends: Sequence[SendRef], real: RealRanks) -> list[tuple[list[SendRef], SendRef | None]]:
-        spr, above, out = self.geo.per_rank, {}, []
-        sent: dict[int, set[int]] = {}  # for many at once: a real rank's send steps, looked up once
-        has_send = self._has_send if len(sends) < 64 else (lambda x, t: t in sent[x])
-        for rank, step in sends:
-            x, d = above.get(rank) or above.setdefault(rank, real.above(rank))  # once per rank
-            if x not in sent and len(sends) >= 64:
-                sent[x] = {m.step for m in self.sends(x)}
-            deps: list[SendRef] = []
-            content = None
-            data_step = step - d * spr
-            if data_step >= 0:
-                content = (x, data_step)
-                deps.append(content)
-            wait_step = step - 2 * d  # the program-order wave: recv of t-2 at every hop
-            if wait_step >= 0 and wait_step != data_step and has_send(x, wait_step):
-                deps.append((x, wait_step))
-            out.append((deps, content))
-        return out
+    def upstream(self, rank: int, steps: np.ndarray, real: RealRanks) -> tuple[int, np.ndarray, np.ndarray]:
+        """`origin` of emulated `rank`'s sends at `steps`, at once (a new shape's whole program):
+        (x, data, wait), x the nearest real rank upstream; each send carries and waits for x's
+        send at `data` and waits for x's send at `wait` too (-1: none)."""
+        x, d = real.above(rank)
+        data = steps - d * self.geo.per_rank
+        wait = steps - 2 * d
+        sent = np.fromiter((m.step for m in self.sends(x)), dtype=np.int64)
+        keep = (wait >= 0) & (wait != data) & np.isin(wait, sent)
+        return x, np.where(data >= 0, data, -1), np.where(keep, wait, -1)
 
     def _has_send(self, rank: int, t: int) -> bool:
         return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0

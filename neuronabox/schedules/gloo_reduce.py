@@ -73,8 +73,7 @@ class RingReduce(RingAllreduce):
     def recvs(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=True) + tuple(self.gather_msgs(rank, recv=True))
 
-    def origins(self, sends: Sequence[SendRef], real: RealRanks) -> list:
-        return [self.origin(rank, step, real) for rank, step in sends]
+    upstream = None  # its gather's sends carry a chunk of several: origin() one by one
 
     def origin(
         self, rank: int, step: int, real: RealRanks
