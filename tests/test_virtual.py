@@ -82,3 +82,89 @@ def test_a_large_world_runs_in_virtual_time():
     run.loop.run()
     assert run.records[0].boundary_messages == len(sched.sends(0)) + len(sched.recvs(0))  # both neighbours emulated
     assert sim.done == pytest.approx(run.records[0].predicted, rel=1e-12)
+
+
+def _overlapping_buckets(timing, world=64):
+    """Three allreduces entered 20 us apart (DDP's buckets overlap) and a barrier after
+    the last: (end of each on the simulated rank, each record's model time)."""
+    run = VirtualRun(world, [5], timing)
+    started = []
+    for k, numel in enumerate((5000, 70_000, 5000)):
+        sched = RingAllreduce(RingGeometry.for_tensor(world, 4 * numel, 4))
+        started.append(run.start(Kind.ALLREDUCE, sched, at=1.0 + k * 20e-6, meta=(numel, 4)))
+    started.append(run.start(Kind.BARRIER, DisseminationBarrier(world), at=1.01))
+    run.loop.run()
+    assert run.loop.in_flight == 0 and not run.engine.instances
+    return [s.done for s in started], sorted(r.predicted for r in run.records)
+
+
+def test_the_native_clock_answers_as_the_python_one(monkeypatch):
+    """The book asks a native timeline's release times through its C API, with no Python
+    call; through the timeline's Python methods they must be the same, to the bit."""
+    def timing():
+        return ReleaseTiming(load_model("alpha-beta", load_topology("cpu-25gbe").with_nodes(64, 1)))
+
+    native = _overlapping_buckets(timing())
+
+    class Delegate:  # no native timeline: the book calls its methods from C, one by one
+        def __init__(self, timeline):
+            self.timeline = timeline
+
+        def release(self, emu, step):
+            return self.timeline.release(emu, step)
+
+        def real_sent(self, rank, step, t):
+            self.timeline.real_sent(rank, step, t)
+
+        def __getattr__(self, name):
+            return getattr(self.timeline, name)
+
+    made = ReleaseTiming.timeline
+    monkeypatch.setattr(ReleaseTiming, "timeline", lambda self, *a, **k: Delegate(made(self, *a, **k)))
+    assert _overlapping_buckets(timing()) == native
+
+
+def test_a_simulation_is_deterministic_and_collected():
+    """The same program twice gives the same times; a finished run leaves nothing alive
+    (the wire and the engine refer to each other: the collector frees them)."""
+    import gc
+    import weakref
+
+    def timing():
+        return ReleaseTiming(load_model("alpha-beta", load_topology("cpu-25gbe").with_nodes(64, 1)))
+
+    assert _overlapping_buckets(timing()) == _overlapping_buckets(timing())
+    run = VirtualRun(16, [0], timing())
+    run.start(Kind.BARRIER, DisseminationBarrier(16), at=0.0)
+    run.loop.run()
+    gone = weakref.ref(run.engine)  # the wire's frames go to it: a wire kept alive would keep it
+    del run
+    gc.collect()
+    assert gone() is None
+
+
+def test_what_the_wire_cannot_play_is_refused_in_one_line():
+    from neuronabox.controller import _native
+    from neuronabox.controller.dialects.gloo.protocol import GlooPair
+    from neuronabox.controller.engine import Conn
+
+    with pytest.raises(ValueError, match="bytes"):
+        _native.RankProgram([(1, 0, -5)], [], 2)
+    with pytest.raises(TypeError, match="peer, step, nbytes"):
+        _native.RankProgram([(1, 0)], [], 2)
+    run = VirtualRun(16, [0], None)
+    g = run.groups["0"]
+    program = _native.RankProgram([(15, 0, 8)], [(1, 0, 8)], 1)
+    link = run.loop.link(0, 15, Conn(g, 0, 15, GlooPair()))
+    with pytest.raises(ValueError, match="2 peers"):
+        run.loop.start(program, 0, 1, 0.0, 0.0, [link], None)
+    other = run.loop.link(0, 1, Conn(g, 0, 1, GlooPair()))
+    with pytest.raises(ValueError, match="not the program's peer"):
+        run.loop.start(program, 0, 1, 0.0, 0.0, [link, other], None)  # its peers: 1, then 15
+    # The engine's side writes on a slot the simulated rank is in no instance of:
+    stray = Conn(g, 0, 7, GlooPair())
+    run.loop.link(0, 7, stray)
+    stray.pair.recv_ready(0xABC, 8)
+    run.loop.emit(stray)
+    with pytest.raises(RuntimeError, match="0xabc of group 0, which the simulated rank is not in"):
+        run.loop.run()

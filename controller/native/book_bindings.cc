@@ -223,7 +223,33 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   return 0;
 }
 
+// The core holds Python callables (its hooks, which reach the engine and driver that
+// hold it) and books: the collector must see them, or a finished run is never freed.
+int core_traverse(PyObject* obj, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  Py_VISIT(self->done);
+  Py_VISIT(self->emit);
+  Py_VISIT(self->call_at);
+  if (self->heap != nullptr) {
+    for (const Timer& t : *self->heap) Py_VISIT(t.book);
+  }
+  if (self->watched != nullptr) {
+    for (const auto& [fd, w] : *self->watched) {
+      Py_VISIT(w.conn);
+      Py_VISIT(reinterpret_cast<PyObject*>(w.pair));
+    }
+  }
+  return 0;
+}
+
+int core_clear(PyObject* obj) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
+  return 0;
+}
+
 void core_dealloc(PyObject* obj) {
+  PyObject_GC_UnTrack(obj);
   auto* self = reinterpret_cast<CoreObject*>(obj);
   if (self->heap != nullptr) {
     for (Timer& t : *self->heap) Py_DECREF(t.book);
@@ -256,6 +282,10 @@ bool want_write(CoreObject* core, int fd) {
 }
 
 bool call1(PyObject* fn, PyObject* arg) {
+  if (fn == nullptr) {  // cleared: the core is garbage, and nothing it hooked is left to call
+    PyErr_SetString(PyExc_RuntimeError, "the core's hooks are gone");
+    return false;
+  }
   PyObject* r = PyObject_CallOneArg(fn, arg);
   Py_XDECREF(r);
   return r != nullptr;
@@ -267,7 +297,7 @@ bool apply(BookObject* b, Actions& a) {
   for (const auto& [when, pair] : a.timers) {
     if (core->sink != nullptr) {
       core->sink->timer(when, reinterpret_cast<PyObject*>(b), pair);
-    } else if (core->call_at != Py_None) {
+    } else if (core->call_at != nullptr && core->call_at != Py_None) {
       PyObject* r = PyObject_CallFunction(core->call_at, "dOn", when, reinterpret_cast<PyObject*>(b),
                                           static_cast<Py_ssize_t>(pair));
       if (r == nullptr) return false;
@@ -911,6 +941,44 @@ PyObject* program_expect_recvs_upstream(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* refs_list(const std::vector<SendRef>& refs) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(refs.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t k = 0; k < refs.size(); ++k) {
+    PyObject* t = Py_BuildValue("(LL)", static_cast<long long>(refs[k].rank), static_cast<long long>(refs[k].step));
+    if (t == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(k), t);
+  }
+  return list;
+}
+
+PyObject* program_ops(PyObject* obj, PyObject*) {
+  Program* p = program_of(obj);
+  if (p == nullptr) return nullptr;
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(p->ops.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t k = 0; k < p->ops.size(); ++k) {
+    const Program::Op& op = p->ops[k];
+    PyObject* deps = refs_list(op.deps);
+    PyObject* content = deps != nullptr ? refs_list(op.content) : nullptr;
+    PyObject* row = content != nullptr ? Py_BuildValue("(snLLLLNN)", op.real_sends ? "send" : "recv",
+                                                       static_cast<Py_ssize_t>(op.pair), static_cast<long long>(op.step),
+                                                       static_cast<long long>(op.nbytes), static_cast<long long>(op.limit),
+                                                       static_cast<long long>(op.post_len), deps, content)
+                                        : nullptr;
+    if (row == nullptr) {
+      if (content == nullptr) Py_XDECREF(deps);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), row);
+  }
+  return out;
+}
+
 PyObject* program_len(PyObject* obj, void*) {
   Program* p = program_of(obj);
   return p != nullptr ? PyLong_FromSize_t(p->ops.size()) : nullptr;
@@ -921,6 +989,8 @@ PyMethodDef program_methods[] = {
     {"expect_send", program_expect_send, METH_VARARGS, "expect_send(pair, step, nbytes, limit, post_len): as Book's."},
     {"expect_recv", program_expect_recv, METH_VARARGS,
      "expect_recv(pair, step, nbytes, limit, deps, content): as Book's."},
+    {"ops", program_ops, METH_NOARGS,
+     "ops() -> [(\"send\"|\"recv\", pair, step, nbytes, limit, post_len, deps, content)]: what it holds, in order."},
     {"expect_sends", program_expect_sends, METH_VARARGS,
      "expect_sends(pair, msgs): expect_send of each (peer, step, nbytes) message, its length known (limit and "
      "post_len too), at once."},
@@ -1274,7 +1344,9 @@ int add_book_types(PyObject* m) {
   CoreType.tp_name = "neuronabox.controller._native.Core";
   CoreType.tp_basicsize = sizeof(CoreObject);
   CoreType.tp_dealloc = core_dealloc;
-  CoreType.tp_flags = Py_TPFLAGS_DEFAULT;
+  CoreType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  CoreType.tp_traverse = core_traverse;
+  CoreType.tp_clear = core_clear;
   CoreType.tp_doc = "The host of the collective books: their timers, and the hooks for what Python does.";
   CoreType.tp_methods = core_methods;
   CoreType.tp_init = core_init;

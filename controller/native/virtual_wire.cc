@@ -659,6 +659,11 @@ PyObject* wire_start(PyObject* obj, PyObject* args, PyObject* kwargs) {
     links.push_back(static_cast<size_t>(li));
   }
   Py_DECREF(fast);
+  if (links.size() != (*po->program)->peers().size()) {
+    PyErr_Format(PyExc_ValueError, "%zu links for a program with %zu peers", links.size(),
+                 (*po->program)->peers().size());
+    return nullptr;
+  }
   const auto& peers = (*po->program)->peers();
   for (size_t i = 0; i < links.size() && i < peers.size(); ++i) {
     if (w->links[links[i]].peer != peers[i]) {
@@ -666,11 +671,6 @@ PyObject* wire_start(PyObject* obj, PyObject* args, PyObject* kwargs) {
                    static_cast<long long>(w->links[links[i]].peer), static_cast<long long>(peers[i]));
       return nullptr;
     }
-  }
-  if (links.size() != (*po->program)->peers().size()) {
-    PyErr_Format(PyExc_ValueError, "%zu links for a program with %zu peers", links.size(),
-                 (*po->program)->peers().size());
-    return nullptr;
   }
   auto inst = std::make_unique<Instance>(*po->program, work);
   inst->slot = slot;

@@ -207,6 +207,7 @@ class Simulated:
     records: list
     skipped: dict[str, int]
     wall_s: float
+    boundary: int = 0  # boundary messages the engine saw cross, every instance's
 
     @property
     def comm_share(self) -> float:
@@ -250,8 +251,11 @@ def simulate(
     t_wall = time.perf_counter()
     records: list = []
     costs = costs or {}
+    boundary = 0
 
     def complete(rec) -> None:
+        nonlocal boundary
+        boundary += rec.boundary_messages
         cost = costs.get((Kind(rec.kind), rec.group), 0.0)
         me = rec.ranks.index(rank) if rec.ranks and rank in rec.ranks else rank  # per_rank is by group rank
         if cost and me in rec.per_rank:
@@ -324,7 +328,7 @@ def simulate(
         steps.append(t - ops[0].start if j < 0 else ends[j][1] + (t - ops[j].end))
     gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
     iteration = statistics.median(gaps) if gaps else 0.0
-    return Simulated(world, done, steps, iteration, records, prog.skipped, time.perf_counter() - t_wall)
+    return Simulated(world, done, steps, iteration, records, prog.skipped, time.perf_counter() - t_wall, boundary)
 
 
 def software_costs(prog: Program, recorded_timing) -> Costs:
@@ -482,5 +486,6 @@ def report(
         else f"  optimizer steps {steps or 'none'} recorded; iteration time unknown (it needs two)"
     )  # fmt: skip
     lines.append(f"  communication   {100 * sim.comm_share:.1f}% of the iterations' time in collectives")
-    lines.append(f"  simulated in    {sim.wall_s:.2f} s of wall time")
+    rate = f", {sim.boundary / sim.wall_s / 1e6:.2f}M a second" if sim.wall_s > 0 else ""
+    lines.append(f"  simulated in    {sim.wall_s:.2f} s of wall time: {sim.boundary} boundary messages{rate}")
     return "\n".join(lines)
