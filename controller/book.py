@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
-import numpy as np
-
 from neuronabox.schedules.gloo import Msg, RealRanks, Schedule, SendRef
 from neuronabox.schedules.gloo_reduce import RingReduce
 
@@ -86,9 +84,9 @@ def load_program(
         for peer, msgs in _by_peer(recvs(r), members).items():
             i = pair(r, peer)
             if bulk and upstream is not None and all(m.nbytes >= 0 for m in msgs):
-                steps = np.array([m.step for m in msgs], dtype=np.int64)
+                steps = [m.step for m in msgs]
                 x, data, wait = upstream(peer, steps, real)
-                book.expect_recvs_upstream(i, steps, np.array([m.nbytes for m in msgs], dtype=np.int64), x, data, wait)
+                book.expect_recvs_upstream(i, steps, [m.nbytes for m in msgs], x, data, wait)
                 continue
             for m in msgs:
                 deps, content = schedule.origin(m.peer, m.step, real)

@@ -1,11 +1,10 @@
 """A ring's whole program at once is its step-by-step definition.
 
 A new shape's set-up asks a large ring for every message and every emulated send's
-origin at once (numpy: `_segs`, `seg_lens`, `upstream`); the live engine and the
+origin at once (`_segs`, `seg_lens`, `upstream`); the live engine and the
 simulation both load programs that way. Each bulk form must equal the per-step one
 (`_seg`, `seg_len`, `origin`) it stands for, for any geometry and real ranks."""
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,13 +36,12 @@ def test_the_bulk_ring_program_is_the_step_by_step_one(case):
     for rank in {0, w - 1, real.sorted[0]}:
         for recv in (False, True):
             segs = [sched._seg(rank, t, recv) for t in range(sched.ring_steps)]
-            assert sched._segs(rank, recv).tolist() == segs
-            assert geo.seg_lens(np.array(segs, dtype=np.int64)).tolist() == [geo.seg_len(s) for s in segs]
+            assert sched._segs(rank, recv) == segs
+            assert geo.seg_lens(segs) == [geo.seg_len(s) for s in segs]
             peer = (rank + 1) % w if recv else (rank - 1) % w
             want = [Msg(peer, t, geo.seg_len(s)) for t, s in enumerate(segs) if geo.seg_len(s) != 0]
             got = sched._msgs(rank, recv)
             assert list(got) == want
-            assert all(type(m.step) is int and type(m.nbytes) is int for m in got)  # not numpy scalars
 
 
 @settings(max_examples=150, deadline=None)
@@ -56,12 +54,12 @@ def test_upstream_is_origin_for_every_emulated_send(case):
     for rank in range(sched.world):
         if rank in real:
             continue
-        steps = np.array([m.step for m in sched.sends(rank)], dtype=np.int64)
+        steps = [m.step for m in sched.sends(rank)]
         x, data, wait = sched.upstream(rank, steps, real)
-        for k, step in enumerate(steps.tolist()):
+        for k, step in enumerate(steps):
             deps, content = sched.origin(rank, step, real)
-            bulk_content = (x, int(data[k])) if data[k] >= 0 else None
-            bulk_deps = ([bulk_content] if bulk_content else []) + ([(x, int(wait[k]))] if wait[k] >= 0 else [])
+            bulk_content = (x, data[k]) if data[k] >= 0 else None
+            bulk_deps = ([bulk_content] if bulk_content else []) + ([(x, wait[k])] if wait[k] >= 0 else [])
             assert (bulk_deps, bulk_content) == (deps, content), (rank, step)
 
 

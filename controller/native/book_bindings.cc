@@ -858,29 +858,18 @@ bool parse_msg(PyObject* m, long long* step, long long* nbytes) {
   return true;
 }
 
-// A one-dimensional int64 array's items (a numpy array, through the buffer protocol).
-class Int64s {
- public:
-  bool get(PyObject* obj, const char* what) {
-    if (PyObject_GetBuffer(obj, &view_, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) return false;
-    held_ = true;
-    const char* f = view_.format != nullptr ? view_.format : "B";
-    if (view_.ndim != 1 || view_.itemsize != 8 || (std::string(f) != "l" && std::string(f) != "q")) {
-      PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional int64 array", what);
-      return false;
-    }
-    return true;
+// A sequence of ints, read once into a vector.
+bool int64s(PyObject* obj, const char* what, std::vector<int64_t>* out) {
+  PyObject* fast = PySequence_Fast(obj, what);
+  if (fast == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out->resize(static_cast<size_t>(n));
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    (*out)[static_cast<size_t>(k)] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
   }
-  ~Int64s() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  size_t size() const { return static_cast<size_t>(view_.shape[0]); }
-  int64_t operator[](size_t i) const { return static_cast<const int64_t*>(view_.buf)[i]; }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-};
+  Py_DECREF(fast);
+  return !PyErr_Occurred();
+}
 
 PyObject* program_expect_sends(PyObject* obj, PyObject* args) {
   Program* p = growing(obj);
@@ -912,9 +901,9 @@ PyObject* program_expect_recvs_upstream(PyObject* obj, PyObject* args) {
       !valid_program_pair(*p, i)) {
     return nullptr;
   }
-  Int64s steps, nbytes, data, wait;
-  if (!steps.get(steps_obj, "steps") || !nbytes.get(nbytes_obj, "nbytes") || !data.get(data_obj, "data") ||
-      !wait.get(wait_obj, "wait")) {
+  std::vector<int64_t> steps, nbytes, data, wait;
+  if (!int64s(steps_obj, "steps: a sequence of ints", &steps) || !int64s(nbytes_obj, "nbytes: ints", &nbytes) ||
+      !int64s(data_obj, "data: ints", &data) || !int64s(wait_obj, "wait: ints", &wait)) {
     return nullptr;
   }
   const size_t n = steps.size();
@@ -995,7 +984,7 @@ PyMethodDef program_methods[] = {
      "expect_sends(pair, msgs): expect_send of each (peer, step, nbytes) message, its length known (limit and "
      "post_len too), at once."},
     {"expect_recvs_upstream", program_expect_recvs_upstream, METH_VARARGS,
-     "expect_recvs_upstream(pair, steps, nbytes, x, data, wait): expect_recv of each receive (int64 arrays), its "
+     "expect_recvs_upstream(pair, steps, nbytes, x, data, wait): expect_recv of each receive (sequences of ints), its "
      "length known; its emulated send carries real rank x's send at data[k] and waits for it and for x's send at "
      "wait[k] (-1: none), as a ring's upstream() gives them."},
     {nullptr, nullptr, 0, nullptr},

@@ -36,7 +36,8 @@ void Outbox::append(BytesRef ref) {
 }
 
 void Outbox::drop_front() {
-  pieces_[head_] = Piece{};  // let go of its payload now
+  pieces_[head_].ref.reset();  // let go of its payload now
+  pieces_[head_].big = {};
   if (++head_ == pieces_.size()) {
     pieces_.clear();
     head_ = 0;

@@ -16,8 +16,14 @@ RankProgram::RankProgram(std::vector<Msg> sends, std::vector<Msg> recvs, int64_t
   for (const Msg& m : sends_) {
     waits_.push_back(static_cast<size_t>(std::upper_bound(steps.begin(), steps.end(), m.step - lag_) - steps.begin()));
   }
-  for (size_t i = 0; i < recvs_.size(); ++i) recvs_from_[peer_index(recvs_[i].peer)].push_back(i);
-  for (size_t i = 0; i < sends_.size(); ++i) sends_to_[peer_index(sends_[i].peer)].push_back(i);
+  for (size_t i = 0; i < recvs_.size(); ++i) {
+    recv_peer_.push_back(peer_index(recvs_[i].peer));
+    recvs_from_[recv_peer_.back()].push_back(i);
+  }
+  for (size_t i = 0; i < sends_.size(); ++i) {
+    send_peer_.push_back(peer_index(sends_[i].peer));
+    sends_to_[send_peer_.back()].push_back(i);
+  }
 }
 
 size_t RankProgram::peer_index(int64_t peer) {

@@ -39,6 +39,8 @@ class RankProgram {
     auto it = index_.find(peer);
     return it == index_.end() ? -1 : static_cast<int64_t>(it->second);
   }
+  size_t peer_of_send(size_t i) const { return send_peer_[i]; }  // its index in `peers()`
+  size_t peer_of_recv(size_t i) const { return recv_peer_[i]; }
   const std::vector<size_t>& sends_to(size_t peer) const { return sends_to_[peer]; }
   const std::vector<size_t>& recvs_from(size_t peer) const { return recvs_from_[peer]; }
   // Receives (by step) send `i` waits for: the first k.
@@ -51,6 +53,7 @@ class RankProgram {
   int64_t lag_;
   std::vector<int64_t> peers_;
   std::vector<size_t> waits_;  // per send
+  std::vector<size_t> send_peer_, recv_peer_;  // per message: its peer's index
   std::unordered_map<int64_t, size_t> index_;
   std::vector<std::vector<size_t>> sends_to_, recvs_from_;  // per peer: indices, in order
 };

@@ -270,7 +270,6 @@ class Wire final : public CoreSink {
   uint64_t seq_ = 0;
   static constexpr size_t kSpares = 64, kSpareBytes = 1 << 20;
   std::vector<std::vector<uint8_t>> spares_;  // read buffers, for reuse
-  std::vector<uint8_t> raw_;         // frames on their way from the simulated rank (say)
   std::vector<gloo::Event> events_;  // what they parse into
   std::vector<gloo::Event> read_events_;  // what the engine's frames parse into (read)
 };
@@ -286,35 +285,31 @@ PyTypeObject WireType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 // theirs natively; the rest go to Python.
 bool Wire::say(size_t li) {
   Link& l = links[li];
-  // The scratch buffers are borrowed for the call (and handed back with their capacity):
+  if (l.mirror->outbox().empty()) return true;
+  // The scratch vectors are borrowed for the call (and handed back with their capacity):
   // a hook below may say on another pair.
-  std::vector<uint8_t> raw;
   std::vector<gloo::Event> events, rest;
-  raw.swap(raw_);
   events.swap(events_);
-  l.mirror->outbox().take_into(&raw);
   bool ok = true;
-  if (!raw.empty()) {
-    try {
-      l.engine->pair->feed(raw.data(), raw.size(), events);
-    } catch (const gloo::WireError& e) {
-      PyErr_SetString(g_wire_error, e.what());
-      ok = false;
-    }
-    PyObject* conn = l.conn;
-    Py_INCREF(conn);  // the hooks below may drop the link's reference
-    ok = ok && route(l.engine, events, now, &rest);
-    if (ok && !rest.empty()) {
-      PyObject* list = events_to_list(rest);
-      PyObject* r = list != nullptr ? PyObject_CallFunctionObjArgs(frames, conn, list, nullptr) : nullptr;
-      ok = r != nullptr;
-      Py_XDECREF(r);
-      Py_XDECREF(list);
-    }
-    Py_DECREF(conn);
+  try {
+    gloo::Pair& engine = *l.engine->pair;
+    l.mirror->outbox().drain([&](const uint8_t* p, size_t n) { engine.feed(p, n, events); });
+  } catch (const gloo::WireError& e) {
+    PyErr_SetString(g_wire_error, e.what());
+    ok = false;
   }
+  PyObject* conn = l.conn;
+  Py_INCREF(conn);  // the hooks below may drop the link's reference
+  ok = ok && route(l.engine, events, now, &rest);
+  if (ok && !rest.empty()) {
+    PyObject* list = events_to_list(rest);
+    PyObject* r = list != nullptr ? PyObject_CallFunctionObjArgs(frames, conn, list, nullptr) : nullptr;
+    ok = r != nullptr;
+    Py_XDECREF(r);
+    Py_XDECREF(list);
+  }
+  Py_DECREF(conn);
   events.clear();
-  raw_.swap(raw);
   events_.swap(events);
   return ok;
 }
@@ -324,8 +319,9 @@ bool Wire::post_notice(Instance& inst) {
   const RankProgram& p = inst.rank.program();
   const size_t nr = p.recvs().size();
   const bool recv = inst.posted < nr;
-  const sim::Msg& m = recv ? p.recvs()[inst.posted] : p.sends()[inst.posted - nr];
-  const size_t li = inst.links[static_cast<size_t>(p.index_of(m.peer))];
+  const size_t i = recv ? inst.posted : inst.posted - nr;
+  const sim::Msg& m = recv ? p.recvs()[i] : p.sends()[i];
+  const size_t li = inst.links[recv ? p.peer_of_recv(i) : p.peer_of_send(i)];
   ++inst.posted;
   gloo::Pair& mirror = *links[li].mirror;
   try {

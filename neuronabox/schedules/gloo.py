@@ -17,10 +17,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, partial
-from itertools import repeat
 from typing import NamedTuple, Protocol
-
-import numpy as np
 
 from .kinds import Kind
 
@@ -164,12 +161,13 @@ class RingGeometry:
             return -1
         return max(0, min(self.segment_bytes, self.total - seg * self.segment_bytes))
 
-    def seg_lens(self, segs: np.ndarray) -> np.ndarray:
-        """`seg_len` of each of `segs`, at once, in numpy (a large ring's program asks them all)."""
-        lens = np.clip(self.total - segs * self.segment_bytes, 0, self.segment_bytes)
-        if not self.last_known:
-            lens[segs == self.num_segments - 1] = -1
-        return lens
+    def seg_lens(self, segs: Sequence[int]) -> list[int]:
+        """`seg_len` of each of `segs`, at once (a large ring's program asks them all)."""
+        size, unknown = self.segment_bytes, -1 if self.last_known else self.num_segments - 1
+        if size <= 0:
+            return [-1 if s == unknown else 0 for s in segs]
+        full, rest = divmod(self.total, size)  # segments below `full` are whole, `full` holds the rest
+        return [-1 if s == unknown else size if s < full else rest if s == full else 0 for s in segs]
 
 
 class RingAllreduce:
@@ -204,19 +202,22 @@ class RingAllreduce:
         """The steps where a phase begins: within one, each step's segment follows the last's."""
         return (0, self.geo.phase_steps)
 
-    def _segs(self, rank: int, recv: bool) -> np.ndarray:
+    def _segs(self, rank: int, recv: bool) -> list[int]:
         """`_seg` of every step, at once: each phase's first from `_seg`, the rest counted on."""
-        steps, num = self.ring_steps, self.geo.num_segments
+        steps, num, segs = self.ring_steps, self.geo.num_segments, []
         bounds = sorted({b for b in self._phase_starts() if b < steps} | {0}) + [steps]
-        pairs = zip(bounds, bounds[1:], strict=False)
-        runs = [self._seg(rank, a, recv) + np.arange(b - a, dtype=np.int64) for a, b in pairs]
-        return np.concatenate(runs) % num if runs else np.zeros(0, dtype=np.int64)
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            first, n = self._seg(rank, a, recv), b - a
+            while n > 0:  # first, first+1, ... wrapping to 0 at `num`: whole ranges, no arithmetic per step
+                run = min(n, num - first)
+                segs += range(first, first + run)
+                first, n = 0, n - run
+        return segs
 
     def _msgs(self, rank: int, recv: bool) -> tuple[Msg, ...]:
         peer = (rank + 1) % self.world if recv else (rank - 1) % self.world
         lens = self.geo.seg_lens(self._segs(rank, recv))
-        steps = np.flatnonzero(lens)
-        return tuple(map(_msg, zip(repeat(peer), steps.tolist(), lens[steps].tolist())))
+        return tuple(map(_msg, [(peer, t, n) for t, n in enumerate(lens) if n != 0]))
 
     def sends(self, rank: int) -> Sequence[Msg]:
         return self._msgs(rank, recv=False)
@@ -245,16 +246,15 @@ class RingAllreduce:
             deps.append((x, wait_step))
         return deps, content
 
-    def upstream(self, rank: int, steps: np.ndarray, real: RealRanks) -> tuple[int, np.ndarray, np.ndarray]:
+    def upstream(self, rank: int, steps: Sequence[int], real: RealRanks) -> tuple[int, list[int], list[int]]:
         """`origin` of emulated `rank`'s sends at `steps`, at once (a new shape's whole program):
         (x, data, wait), x the nearest real rank upstream; each send carries and waits for x's
         send at `data` and waits for x's send at `wait` too (-1: none)."""
         x, d = real.above(rank)
-        data = steps - d * self.geo.per_rank
-        wait = steps - 2 * d
-        sent = np.fromiter((m.step for m in self.sends(x)), dtype=np.int64)
-        keep = (wait >= 0) & (wait != data) & np.isin(wait, sent)
-        return x, np.where(data >= 0, data, -1), np.where(keep, wait, -1)
+        shift, sent = d * self.geo.per_rank, {m.step for m in self.sends(x)}
+        data = [s - shift if s >= shift else -1 for s in steps]
+        wait = [w if (w := s - 2 * d) >= 0 and w != s - shift and w in sent else -1 for s in steps]
+        return x, data, wait
 
     def _has_send(self, rank: int, t: int) -> bool:
         return self.geo.seg_len(self._seg(rank, t, recv=False)) != 0
