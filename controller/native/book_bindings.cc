@@ -1329,50 +1329,44 @@ bool book_due_at(PyObject* obj, size_t pair, double now) {
   return ok;
 }
 
-int add_book_types(PyObject* m) {
-  CoreType.tp_name = "neuronabox.controller._native.Core";
-  CoreType.tp_basicsize = sizeof(CoreObject);
-  CoreType.tp_dealloc = core_dealloc;
-  CoreType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  CoreType.tp_traverse = core_traverse;
-  CoreType.tp_clear = core_clear;
-  CoreType.tp_doc = "The host of the collective books: their timers, and the hooks for what Python does.";
-  CoreType.tp_methods = core_methods;
-  CoreType.tp_init = core_init;
-  CoreType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&CoreType) < 0) return -1;
-
-  BookType.tp_name = "neuronabox.controller._native.Book";
-  BookType.tp_basicsize = sizeof(BookObject);
-  BookType.tp_dealloc = book_dealloc;
-  BookType.tp_flags = Py_TPFLAGS_DEFAULT;
-  BookType.tp_doc = "One collective instance's boundary bookkeeping (matching, dependencies, FIFO, release).";
-  BookType.tp_methods = book_methods;
-  BookType.tp_getset = book_getset;
-  BookType.tp_init = book_init;
-  BookType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&BookType) < 0) return -1;
-
-  ProgramType.tp_name = "neuronabox.controller._native.Program";
-  ProgramType.tp_basicsize = sizeof(ProgramObject);
-  ProgramType.tp_dealloc = program_dealloc;
-  ProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
-  ProgramType.tp_doc = "A boundary program recorded once per shape, loaded into each book of that shape.";
-  ProgramType.tp_methods = program_methods;
-  ProgramType.tp_getset = program_getset;
-  ProgramType.tp_init = program_init;
-  ProgramType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&ProgramType) < 0) return -1;
-
-  Py_INCREF(&CoreType);
-  Py_INCREF(&BookType);
-  Py_INCREF(&ProgramType);
-  if (PyModule_AddObject(m, "Core", reinterpret_cast<PyObject*>(&CoreType)) < 0 ||
-      PyModule_AddObject(m, "Book", reinterpret_cast<PyObject*>(&BookType)) < 0 ||
-      PyModule_AddObject(m, "Program", reinterpret_cast<PyObject*>(&ProgramType)) < 0) {
-    return -1;
+bool add_type(PyObject* m, PyTypeObject* type, const TypeSpec& spec) {
+  static std::vector<std::string>* names = new std::vector<std::string>();  // tp_name outlives the call
+  names->push_back(std::string("neuronabox.controller._native.") + spec.name);
+  type->tp_name = names->back().c_str();
+  type->tp_basicsize = spec.size;
+  type->tp_dealloc = spec.dealloc;
+  type->tp_flags = Py_TPFLAGS_DEFAULT | (spec.traverse != nullptr ? Py_TPFLAGS_HAVE_GC : 0);
+  type->tp_traverse = spec.traverse;
+  type->tp_clear = spec.clear;
+  type->tp_doc = spec.doc;
+  type->tp_methods = spec.methods;
+  type->tp_getset = spec.getset;
+  type->tp_init = spec.init;
+  type->tp_new = PyType_GenericNew;
+  if (PyType_Ready(type) < 0) return false;
+  Py_INCREF(type);
+  if (PyModule_AddObject(m, spec.name, reinterpret_cast<PyObject*>(type)) < 0) {
+    Py_DECREF(type);
+    return false;
   }
-  return PyModule_AddFunctions(m, book_module_methods);
+  return true;
+}
+
+int add_book_types(PyObject* m) {
+  const bool ok =
+      add_type(m, &CoreType,
+               {"Core", sizeof(CoreObject), core_dealloc,
+                "The host of the collective books: their timers, and the hooks for what Python does.", core_init,
+                core_methods, nullptr, core_traverse, core_clear}) &&
+      add_type(m, &BookType,
+               {"Book", sizeof(BookObject), book_dealloc,
+                "One collective instance's boundary bookkeeping (matching, dependencies, FIFO, release).", book_init,
+                book_methods, book_getset}) &&
+      add_type(m, &ProgramType,
+               {"Program", sizeof(ProgramObject), program_dealloc,
+                "A boundary program recorded once per shape, loaded into each book of that shape.", program_init,
+                program_methods, program_getset});
+  return ok ? PyModule_AddFunctions(m, book_module_methods) : -1;
 }
 
 }  // namespace nbx::py

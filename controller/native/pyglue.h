@@ -51,6 +51,21 @@ PyObject* read_pair(PairObject* pair, int fd);
 // A Python error is set: unwinds through native code to the binding that returns it.
 struct PyErrorSet {};
 
+// A native class of the module: what its type object needs, then added by its name.
+struct TypeSpec {
+  const char* name;  // the class name in the module
+  Py_ssize_t size;
+  destructor dealloc;
+  const char* doc;
+  initproc init;
+  PyMethodDef* methods = nullptr;
+  PyGetSetDef* getset = nullptr;
+  traverseproc traverse = nullptr;  // with clear: the collector sees what it holds
+  inquiry clear = nullptr;
+};
+// Readies `type` from `spec` and adds it to `module`; false with a Python error set.
+bool add_type(PyObject* module, PyTypeObject* type, const TypeSpec& spec);
+
 // Registers Book and Core in the module.
 int add_book_types(PyObject* module);
 

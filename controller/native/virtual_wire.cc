@@ -727,36 +727,16 @@ PyGetSetDef wire_getset[] = {
 }  // namespace
 
 int add_virtual_types(PyObject* m) {
-  RankProgramType.tp_name = "neuronabox.controller._native.RankProgram";
-  RankProgramType.tp_basicsize = sizeof(ProgramObject);
-  RankProgramType.tp_dealloc = program_dealloc;
-  RankProgramType.tp_flags = Py_TPFLAGS_DEFAULT;
-  RankProgramType.tp_doc = "RankProgram(sends, recvs, lag): one simulated rank's side of a schedule, built once per shape.";
-  RankProgramType.tp_getset = program_getset;
-  RankProgramType.tp_init = program_init;
-  RankProgramType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&RankProgramType) < 0) return -1;
-
-  WireType.tp_name = "neuronabox.controller._native.VirtualWire";
-  WireType.tp_basicsize = sizeof(WireObject);
-  WireType.tp_dealloc = wire_dealloc;
-  WireType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  WireType.tp_traverse = wire_traverse;
-  WireType.tp_clear = wire_clear;
-  WireType.tp_doc = "VirtualWire(core, frames): the virtual-time driver's clock and wire, native per frame.";
-  WireType.tp_methods = wire_methods;
-  WireType.tp_getset = wire_getset;
-  WireType.tp_init = wire_init;
-  WireType.tp_new = PyType_GenericNew;
-  if (PyType_Ready(&WireType) < 0) return -1;
-
-  Py_INCREF(&RankProgramType);
-  Py_INCREF(&WireType);
-  if (PyModule_AddObject(m, "RankProgram", reinterpret_cast<PyObject*>(&RankProgramType)) < 0 ||
-      PyModule_AddObject(m, "VirtualWire", reinterpret_cast<PyObject*>(&WireType)) < 0) {
-    return -1;
-  }
-  return 0;
+  const bool ok =
+      add_type(m, &RankProgramType,
+               {"RankProgram", sizeof(ProgramObject), program_dealloc,
+                "RankProgram(sends, recvs, lag): one simulated rank's side of a schedule, built once per shape.",
+                program_init, nullptr, program_getset}) &&
+      add_type(m, &WireType,
+               {"VirtualWire", sizeof(WireObject), wire_dealloc,
+                "VirtualWire(core, frames): the virtual-time driver's clock and wire, native per frame.", wire_init,
+                wire_methods, wire_getset, wire_traverse, wire_clear});
+  return ok ? 0 : -1;
 }
 
 }  // namespace nbx::py
