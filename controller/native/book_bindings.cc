@@ -245,6 +245,11 @@ int core_traverse(PyObject* obj, visitproc visit, void* arg) {
 int core_clear(PyObject* obj) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
+  if (self->heap != nullptr) {  // a book holds its core: its pending timers close that cycle
+    std::vector<Timer> timers = std::move(*self->heap);
+    self->heap->clear();
+    for (Timer& t : timers) Py_DECREF(t.book);
+  }
   return 0;
 }
 

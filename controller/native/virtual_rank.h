@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -25,7 +24,7 @@ struct Msg {
 // One rank's side of one schedule, built once per shape: DDP repeats its buckets.
 class RankProgram {
  public:
-  static constexpr int64_t kNoWait = std::numeric_limits<int32_t>::max();  // a send waits for no receive
+  static constexpr int64_t kNoWait = int64_t{1} << 30;  // a lag this long: no send waits for a receive
 
   // `sends` in program order; `recvs` in any order (kept by step); a send at step t
   // waits for the receives at steps up to t - lag.
@@ -43,6 +42,9 @@ class RankProgram {
   size_t peer_of_recv(size_t i) const { return recv_peer_[i]; }
   const std::vector<size_t>& sends_to(size_t peer) const { return sends_to_[peer]; }
   const std::vector<size_t>& recvs_from(size_t peer) const { return recvs_from_[peer]; }
+  // Whether any send waits for a receive (not a pairwise collective's): only then can
+  // data that comes in free a send.
+  bool sends_wait() const { return lag_ < kNoWait; }
   // Receives (by step) send `i` waits for: the first k.
   size_t waits_for(size_t send) const { return waits_[send]; }
 

@@ -459,7 +459,9 @@ bool Wire::read_events(size_t li, const std::vector<uint8_t>& raw, std::vector<g
         return false;
       }
       inst.rank.got(peer, now);
-      if (!wake(inst)) return false;
+      // A pairwise collective's sends wait for no receive: its data frees nothing, and
+      // waking every peer would cost O(W) per message.
+      if (!(inst.rank.program().sends_wait() ? wake(inst) : check_done(id, inst))) return false;
     }
   }
   return true;
@@ -736,7 +738,7 @@ int add_virtual_types(PyObject* m) {
                {"VirtualWire", sizeof(WireObject), wire_dealloc,
                 "VirtualWire(core, frames): the virtual-time driver's clock and wire, native per frame.", wire_init,
                 wire_methods, wire_getset, wire_traverse, wire_clear});
-  return ok ? 0 : -1;
+  return ok ? PyModule_AddIntConstant(m, "NO_WAIT", RankProgram::kNoWait) : -1;
 }
 
 }  // namespace nbx::py

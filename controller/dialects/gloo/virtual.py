@@ -40,7 +40,7 @@ from .protocol import GLOO, GlooPair
 from .wire import SlotPrefix, make_slot
 
 PREFIX_OF_KIND = {Kind[p.name]: p for p in SlotPrefix}
-NO_WAIT = 1 << 30  # a pairwise collective's sends wait for no receive
+NO_WAIT = _native.NO_WAIT  # a lag this long: a pairwise collective's sends wait for no receive
 
 
 @dataclass
