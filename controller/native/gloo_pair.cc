@@ -39,7 +39,7 @@ std::string slot_hex(uint64_t slot) {
   return buf;
 }
 
-Pair::Pair(uint64_t max_payload) : max_payload_(max_payload), scratch_(kScratchSize) {}
+Pair::Pair(uint64_t max_payload) : max_payload_(max_payload) {}
 
 // -- bytes in ---------------------------------------------------------------------
 Pair::Window Pair::window() {

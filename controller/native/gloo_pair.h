@@ -130,7 +130,13 @@ class Pair final : public Port {
   void header(Opcode op, uint64_t slot, uint64_t length, uint64_t nbytes);
 
   uint64_t max_payload_;
-  std::vector<uint8_t> scratch_;  // headers and small payloads
+  // Headers and small payloads. Not zeroed: only bytes received are read, and a pair
+  // that carries little (one of thousands a pairwise collective opens) touches a page of it.
+  struct Scratch {
+    std::unique_ptr<uint8_t[]> bytes{new uint8_t[kScratchSize]};
+    uint8_t* data() { return bytes.get(); }
+    static constexpr size_t size() { return kScratchSize; }
+  } scratch_;
   size_t begin_ = 0, end_ = 0;    // unparsed bytes of scratch_
   std::shared_ptr<OwnedBytes> payload_;  // a data frame's payload being received
   size_t payload_have_ = 0;
