@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 from neuronabox.schedules.gloo import Msg, RealRanks, Schedule, SendRef
 from neuronabox.schedules.gloo_reduce import RingReduce
@@ -21,6 +22,7 @@ from .outcomes import ProtocolError
 __all__ = ["INPUT", "Book", "Core", "Pair", "Program", "ProgramCache", "load_program", "post_len"]
 
 Pair = tuple[int, int]  # (real group rank, emulated group rank)
+T = TypeVar("T")
 PROGRAMS_KEPT = 256  # shapes whose program a run keeps (DDP has a few buckets; the rest are rare)
 INPUT: SendRef = (-1, 0)  # what sends wait on for the mirror source's input (no rank sends it)
 
@@ -114,29 +116,38 @@ def _by_peer(msgs: Sequence[Msg], real: frozenset[int]) -> dict[int, list[Msg]]:
 class ProgramCache:
     """Programs recorded once per (group, shape), the most recently used kept: an instance
     of a shape seen before loads its program natively (`Book.load`) instead of walking
-    its schedule in Python."""
+    its schedule in Python. `kept` serves any program built once per shape (the
+    virtual-time driver's simulated rank's too)."""
 
     def __init__(self, limit: int = PROGRAMS_KEPT) -> None:
         self.limit = limit
-        self._kept: OrderedDict[Hashable, tuple[Program, dict[Pair, int]]] = OrderedDict()
+        self._kept: OrderedDict[Hashable, object] = OrderedDict()
         self.hits = self.misses = 0
+
+    def kept(self, key: Hashable, make: Callable[[], T]) -> T:
+        """What `make()` built for `key`, built the first time (and again once dropped)."""
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+            self.hits += 1
+            return found
+        self.misses += 1
+        found = self._kept[key] = make()
+        if len(self._kept) > self.limit:
+            self._kept.popitem(last=False)
+        return found
 
     def program(
         self, key: Hashable, record: Callable[[Program, dict[Pair, int]], object]
     ) -> tuple[Program, dict[Pair, int]]:
         """The program for `key`, recorded by `record(program, index)` the first time."""
-        kept = self._kept.get(key)
-        if kept is not None:
-            self._kept.move_to_end(key)
-            self.hits += 1
-            return kept
-        self.misses += 1
-        program, index = Program(), {}
-        record(program, index)
-        self._kept[key] = (program, index)
-        if len(self._kept) > self.limit:
-            self._kept.popitem(last=False)
-        return program, index
+
+        def make() -> tuple[Program, dict[Pair, int]]:
+            program, index = Program(), {}
+            record(program, index)
+            return program, index
+
+        return self.kept(key, make)
 
     def clear(self) -> None:
         self._kept.clear()

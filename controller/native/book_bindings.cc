@@ -852,17 +852,6 @@ PyObject* program_expect_recv(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// (peer, step, nbytes) of a Msg, its length known (>= 0).
-bool parse_msg(PyObject* m, long long* step, long long* nbytes) {
-  long long peer;
-  if (!PyArg_ParseTuple(m, "LLL", &peer, step, nbytes)) return false;
-  if (*nbytes < 0) {
-    PyErr_Format(PyExc_ValueError, "a message at step %lld whose length only the wire tells: add it alone", *step);
-    return false;
-  }
-  return true;
-}
-
 // A sequence of ints, read once into a vector.
 bool int64s(PyObject* obj, const char* what, std::vector<int64_t>* out) {
   PyObject* fast = PySequence_Fast(obj, what);
@@ -886,8 +875,8 @@ PyObject* program_expect_sends(PyObject* obj, PyObject* args) {
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   p->ops.reserve(p->ops.size() + static_cast<size_t>(n));
   for (Py_ssize_t k = 0; k < n; ++k) {
-    long long step, nbytes;
-    if (!parse_msg(PySequence_Fast_GET_ITEM(fast, k), &step, &nbytes)) {
+    int64_t peer, step, nbytes;
+    if (!parse_msg(PySequence_Fast_GET_ITEM(fast, k), &peer, &step, &nbytes)) {
       Py_DECREF(fast);
       return nullptr;
     }
@@ -1314,6 +1303,23 @@ PyObject* dispatch(PairObject* po, std::vector<gloo::Event>& events, double now)
   std::vector<gloo::Event> rest;
   if (!route(po, events, now, &rest)) return nullptr;
   return events_to_list(rest);
+}
+
+bool parse_msg(PyObject* m, int64_t* peer, int64_t* step, int64_t* nbytes) {
+  if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 3) {
+    PyErr_SetString(PyExc_TypeError, "expected a (peer, step, nbytes) message");
+    return false;
+  }
+  *peer = PyLong_AsLongLong(PyTuple_GET_ITEM(m, 0));
+  *step = PyLong_AsLongLong(PyTuple_GET_ITEM(m, 1));
+  *nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(m, 2));
+  if (PyErr_Occurred()) return false;
+  if (*nbytes < 0) {
+    PyErr_Format(PyExc_ValueError, "a message at step %lld of %lld bytes: only the wire tells its length; add it alone",
+                 static_cast<long long>(*step), static_cast<long long>(*nbytes));
+    return false;
+  }
+  return true;
 }
 
 bool set_core_sink(PyObject* core, CoreSink* sink) {

@@ -32,6 +32,7 @@
 namespace nbx::gloo {
 
 constexpr size_t kPreambleSize = 48;  // six native u64: nbytes opcode slot offset length roffset
+constexpr uint64_t kNoPayloadBound = uint64_t{1} << 40;  // max_payload where the posted receive is the bound
 
 enum class Opcode : uint64_t {
   kSendBuffer = 0,

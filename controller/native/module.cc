@@ -139,7 +139,7 @@ double monotonic_now() {
 
 int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"max_payload", nullptr};
-  unsigned long long max_payload = 1ull << 40;  // the posted receive is the real bound
+  unsigned long long max_payload = nbx::gloo::kNoPayloadBound;  // the posted receive is the real bound
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|K", const_cast<char**>(kw), &max_payload)) return -1;
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;

@@ -80,6 +80,10 @@ class CoreSink {
   virtual bool emit(PyObject* conn, PairObject* pair) = 0;
 };
 
+// A schedule's message (a Msg: (peer, step, nbytes)) whose length is known (>= 0); false
+// with a Python error set that says which.
+bool parse_msg(PyObject* m, int64_t* peer, int64_t* step, int64_t* nbytes);
+
 // `core` (a Core) hands its timers and writes to `sink` (nullptr: back to its hooks);
 // false with a Python error set when `core` is not a Core.
 bool set_core_sink(PyObject* core, CoreSink* sink);

@@ -36,7 +36,6 @@ namespace {
 using sim::RankProgram;
 using sim::SimulatedRank;
 
-constexpr uint64_t kMaxPayload = 1ull << 40;  // the posted receive is the real bound
 
 // -- RankProgram -----------------------------------------------------------------------
 struct ProgramObject {
@@ -47,33 +46,17 @@ struct ProgramObject {
 PyTypeObject RankProgramType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 bool parse_msgs(PyObject* seq, std::vector<sim::Msg>* out) {
-  PyObject* fast = PySequence_Fast(seq, "expected a sequence of (peer, step, nbytes)");
+  PyObject* fast = PySequence_Fast(seq, "expected a sequence of (peer, step, nbytes) messages");
   if (fast == nullptr) return false;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  out->reserve(static_cast<size_t>(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* m = PySequence_Fast_GET_ITEM(fast, i);
-    if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 3) {
-      PyErr_SetString(PyExc_TypeError, "expected a sequence of (peer, step, nbytes)");
-      Py_DECREF(fast);
-      return false;
-    }
-    sim::Msg msg{PyLong_AsLongLong(PyTuple_GET_ITEM(m, 0)), PyLong_AsLongLong(PyTuple_GET_ITEM(m, 1)),
-                 PyLong_AsLongLong(PyTuple_GET_ITEM(m, 2))};
-    if (PyErr_Occurred()) {
-      Py_DECREF(fast);
-      return false;
-    }
-    if (msg.nbytes < 0) {
-      PyErr_Format(PyExc_ValueError, "a message of %lld bytes (step %lld)", static_cast<long long>(msg.nbytes),
-                   static_cast<long long>(msg.step));
-      Py_DECREF(fast);
-      return false;
-    }
-    out->push_back(msg);
+  out->resize(static_cast<size_t>(n));
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    sim::Msg& m = (*out)[static_cast<size_t>(i)];
+    ok = parse_msg(PySequence_Fast_GET_ITEM(fast, i), &m.peer, &m.step, &m.nbytes);
   }
   Py_DECREF(fast);
-  return true;
+  return ok;
 }
 
 int program_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
@@ -130,6 +113,7 @@ struct Link {
 struct Instance {
   Instance(std::shared_ptr<const RankProgram> p, double work) : rank(std::move(p), work) {}
   SimulatedRank rank;
+  uint64_t id = 0;  // its key in `instances`, which wake-ups name it by (it may be gone by then)
   uint64_t slot = 0;
   int64_t group = 0;
   std::vector<size_t> links;  // per program peer
@@ -166,7 +150,7 @@ class Wire final : public CoreSink {
   std::vector<Link> links;
   std::unordered_map<PairObject*, size_t> link_of;
   std::unordered_map<uint64_t, std::unique_ptr<Instance>> instances;
-  std::map<std::pair<int64_t, uint64_t>, uint64_t> by_slot;  // (group, slot) -> instance
+  std::map<std::pair<int64_t, uint64_t>, Instance*> by_slot;  // (group, slot) -> one of `instances`
   uint64_t next_id = 0;
 
   void push(double at, Due what, PyObject* obj, uint64_t arg, std::vector<uint8_t> bytes = {}) {
@@ -264,7 +248,7 @@ class Wire final : public CoreSink {
  private:
   bool say(size_t link);
   bool serve(Instance& inst, size_t peer);
-  bool check_done(uint64_t id, Instance& inst);
+  bool check_done(Instance& inst);
   bool post_notice(Instance& inst);
 
   uint64_t seq_ = 0;
@@ -371,8 +355,7 @@ bool Wire::serve(Instance& inst, size_t peer) {
       case SimulatedRank::Next::kLater:
         if (when < inst.wake_at) {
           inst.wake_at = when;
-          auto key = by_slot.find({inst.group, inst.slot});
-          push(when, Due::kWake, nullptr, key->second);
+          push(when, Due::kWake, nullptr, inst.id);
         }
         return true;
       case SimulatedRank::Next::kSend:
@@ -395,18 +378,17 @@ bool Wire::wake(Instance& inst) {
   for (size_t p = 0; p < peers; ++p) {
     if (inst.rank.has_unsent(p) && !serve(inst, p)) return false;
   }
-  auto key = by_slot.find({inst.group, inst.slot});
-  return check_done(key->second, inst);
+  return check_done(inst);
 }
 
 // Everything received and sent: the instance is over for the real rank.
-bool Wire::check_done(uint64_t id, Instance& inst) {
+bool Wire::check_done(Instance& inst) {
   if (!inst.rank.finished()) return true;
   const double end = inst.rank.done();
   PyObject* on_done = inst.on_done;
   inst.on_done = nullptr;
   by_slot.erase({inst.group, inst.slot});
-  instances.erase(id);  // `inst` is gone from here
+  instances.erase(inst.id);  // `inst` is gone from here
   if (on_done == nullptr) return true;
   PyObject* r = PyObject_CallFunction(on_done, "d", end);
   Py_DECREF(on_done);
@@ -440,8 +422,7 @@ bool Wire::read_events(size_t li, const std::vector<uint8_t>& raw, std::vector<g
                    gloo::slot_hex(ev.slot).c_str(), static_cast<long long>(group));
       return false;
     }
-    const uint64_t id = key->second;
-    Instance& inst = *instances.at(id);
+    Instance& inst = *key->second;
     const int64_t pi = peer_of(inst, li);
     if (pi < 0) {
       PyErr_Format(PyExc_RuntimeError, "a frame on slot %s from rank %lld, which its program does not talk to",
@@ -451,7 +432,7 @@ bool Wire::read_events(size_t li, const std::vector<uint8_t>& raw, std::vector<g
     const auto peer = static_cast<size_t>(pi);
     if (ev.kind == gloo::EventKind::kRecvReady) {
       inst.rank.credit(peer);
-      if (!serve(inst, peer) || !check_done(id, inst)) return false;
+      if (!serve(inst, peer) || !check_done(inst)) return false;
     } else {
       if (!inst.rank.expects(peer)) {
         PyErr_Format(PyExc_RuntimeError, "data on slot %s the simulated rank has no receive left for",
@@ -461,7 +442,7 @@ bool Wire::read_events(size_t li, const std::vector<uint8_t>& raw, std::vector<g
       inst.rank.got(peer, now);
       // A pairwise collective's sends wait for no receive: its data frees nothing, and
       // waking every peer would cost O(W) per message.
-      if (!(inst.rank.program().sends_wait() ? wake(inst) : check_done(id, inst))) return false;
+      if (!(inst.rank.program().sends_wait() ? wake(inst) : check_done(inst))) return false;
     }
   }
   return true;
@@ -612,7 +593,7 @@ PyObject* wire_link(PyObject* obj, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "the connection is linked already");
     return nullptr;
   }
-  std::unique_ptr<gloo::Pair> mirror(new (std::nothrow) gloo::Pair(kMaxPayload));
+  std::unique_ptr<gloo::Pair> mirror(new (std::nothrow) gloo::Pair(gloo::kNoPayloadBound));
   if (!mirror) {
     Py_DECREF(pair);
     return PyErr_NoMemory();
@@ -678,8 +659,8 @@ PyObject* wire_start(PyObject* obj, PyObject* args, PyObject* kwargs) {
     Py_INCREF(on_done);
     inst->on_done = on_done;
   }
-  const uint64_t id = w->next_id++;
-  w->by_slot[{group, slot}] = id;
+  const uint64_t id = inst->id = w->next_id++;
+  w->by_slot[{group, slot}] = inst.get();
   w->instances[id] = std::move(inst);
   w->push(at, Due::kEnter, nullptr, id);
   Py_RETURN_NONE;

@@ -157,9 +157,7 @@ class RingGeometry:
 
     def seg_len(self, seg: int) -> int:
         """Bytes of segment `seg` (0: skipped; -1: the last one, length not known yet)."""
-        if not self.last_known and seg == self.num_segments - 1:
-            return -1
-        return max(0, min(self.segment_bytes, self.total - seg * self.segment_bytes))
+        return self.seg_lens((seg,))[0]
 
     def seg_lens(self, segs: Sequence[int]) -> list[int]:
         """`seg_len` of each of `segs`, at once (a large ring's program asks them all)."""

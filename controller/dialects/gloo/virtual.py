@@ -23,7 +23,6 @@ the tests hold its end times to the schedules' closed forms.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from neuronabox.schedules.gloo import RealRanks, RingAllgather, RingAllreduce, S
 from neuronabox.schedules.gloo_pairwise import WIRE, PairwiseAlltoall, RootedPairwise
 
 from ... import _native
-from ...book import PROGRAMS_KEPT
+from ...book import ProgramCache
 from ...dialect import Event
 from ...engine import Conn, Engine, Group, InstanceRecord
 from ...release import ReleaseTiming
@@ -103,7 +102,7 @@ class VirtualRun:
         self.conns: dict[tuple[str, int], Conn] = {}  # (group, emulated peer) -> the engine's side of the pair
         self._links: dict[tuple[str, int], int] = {}  # the same -> its link on the wire
         self.sims: dict[tuple[str, int], SimulatedRank] = {}  # (group, slot) -> the instance in flight
-        self._programs: OrderedDict[Hashable, _native.RankProgram] = OrderedDict()
+        self._programs = ProgramCache()  # the simulated rank's program per shape
         self.records: list[InstanceRecord] = []
         self.engine = Engine(
             emit=lambda conn: self.loop.emit(conn),
@@ -157,9 +156,9 @@ class VirtualRun:
         g = self.groups[group]
         slot = make_slot(PREFIX_OF_KIND[kind], next(self._tags[group]))
         me = g.real.sorted[0]
-        program = self._program(schedule, me, msg_bytes)
+        program = self._programs.kept(shape_of(schedule, me, msg_bytes), lambda: rank_program(schedule, me, msg_bytes))
         links = [self._link(g, me, peer) for peer in program.peers]
-        sim = self.sims[group, slot] = SimulatedRank(kind, schedule, slot, group, at, meta, on_done)
+        sim = self.sims[group, slot] = SimulatedRank(kind, schedule, slot, group, max(at, self.loop.now), meta, on_done)
 
         def finished(end: float) -> None:
             sim.done = end
@@ -169,18 +168,6 @@ class VirtualRun:
 
         self.loop.start(program, self._group_ids[group], slot, at, work, links, finished)
         return sim
-
-    def _program(self, schedule: Schedule, rank: int, msg_bytes: int) -> _native.RankProgram:
-        """The rank program of a shape seen before, or a new one (the most recent kept)."""
-        key = shape_of(schedule, rank, msg_bytes)
-        program = self._programs.get(key)
-        if program is None:
-            program = self._programs[key] = rank_program(schedule, rank, msg_bytes)
-            if len(self._programs) > PROGRAMS_KEPT:
-                self._programs.popitem(last=False)
-        else:
-            self._programs.move_to_end(key)
-        return program
 
     def _link(self, g: Group, me: int, peer: int) -> int:
         key = (g.name, peer)
