@@ -16,9 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from conftest import EXAMPLE, ROOT, tagged_processes
@@ -34,38 +34,61 @@ PORT = "29500"  # each namespace has its own ports: nothing else listens there
 
 
 class Launcher:
-    """One host's `neuronabox` command, started in that host's namespace."""
+    """One host's `neuronabox` command, started in that host's namespace; its output is
+    read as it comes (a reader thread), so a test waits on a line, not on a timer."""
 
-    def __init__(self, host, argv: list[str], folder: Path, name: str, tag: str) -> None:
-        self.out = folder / f"{name}.out"
+    def __init__(self, host, argv: list[str], tag: str) -> None:
         env = dict(os.environ, NEURONABOX_TEST_TAG=tag, PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME=host.ifname)
-        with open(self.out, "w") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "neuronabox.cli", *argv],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                preexec_fn=host.enter,
-            )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronabox.cli", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            preexec_fn=host.enter,
+        )
+        self._lines: list[str] = []
+        self._ended = False  # its output closed (it exited)
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            with self._changed:
+                self._lines.append(raw.decode(errors="replace"))
+                self._changed.notify_all()
+        with self._changed:  # the output ended: a waiter learns it now, not at its deadline
+            self._ended = True
+            self._changed.notify_all()
 
     def text(self) -> str:
-        return self.out.read_text(errors="replace")
+        with self._changed:
+            return "".join(self._lines)
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.text()):
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {pattern!r}:\n{self.text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no {pattern!r} in {timeout} s:\n{self.text()[-3000:]}"
-            time.sleep(0.1)
+        with self._changed:
+            while not re.search(pattern, "".join(self._lines)):
+                assert not self._ended, f"exited before {pattern!r}:\n{''.join(self._lines)[-3000:]}"
+                left = deadline - time.monotonic()
+                assert left > 0, f"no {pattern!r} in {timeout} s:\n{''.join(self._lines)[-3000:]}"
+                self._changed.wait(left)
 
     def end(self, timeout: float = 120) -> int:
         try:
-            return self.proc.wait(timeout=timeout)
+            rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             pytest.fail(f"still running after {timeout} s:\n{self.text()[-3000:]}")
+        self.close()  # the rest of its output, before the test reads it
+        return rc
+
+    def close(self) -> None:
+        self._reader.join(timeout=30)
+        if not self._reader.is_alive():
+            self.proc.stdout.close()
 
     def error(self) -> str:
         lines = [ln for ln in self.text().splitlines() if ln.startswith("neuronabox: error:")]
@@ -73,14 +96,14 @@ class Launcher:
 
 
 @pytest.fixture
-def hosts(tmp_path):
+def hosts():
     """Three hosts on one bridge: node0 and node1 (the real nodes' hosts) and controller."""
     bed = Netns(2, rate_bps=None, cpu_share=None)
     tag = uuid.uuid4().hex
     started: list[Launcher] = []
 
     def start(host: str, *argv: str) -> Launcher:
-        launcher = Launcher(bed.hosts[host], list(argv), tmp_path, f"{host}-{len(started)}", tag)
+        launcher = Launcher(bed.hosts[host], list(argv), tag)
         started.append(launcher)
         return launcher
 
@@ -91,6 +114,7 @@ def hosts(tmp_path):
             if launcher.proc.poll() is None:
                 launcher.proc.kill()
                 launcher.proc.wait()
+            launcher.close()
         left = tagged_processes(tag)
         for p in left:
             p.kill()
