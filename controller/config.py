@@ -23,6 +23,8 @@ class ControllerConfig:
     gloo_host: str = "127.0.0.2"
     control_host: str = "127.0.0.1"
     observer_host: str = "127.0.0.1"  # where real ranks' observers connect (a testbed's own address)
+    observer_fd: int = -1  # the launcher's listener on it, inherited (-1: the controller makes its own)
+    observer_secret: str = ""  # the hello the observer port takes, when the launcher chose it (the ranks' env has it)
     store_timeout_s: float = 300.0
     timeout_s: float = 1800.0  # the watchdog: a real rank without progress this long ends the run
     ready_file: str = ""

@@ -14,6 +14,8 @@ from __future__ import annotations
 import gc
 import json
 import os
+import secrets
+import socket
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ from .engine import Engine
 from .lifecycle import STALLED, Lifecycle, RunState, StoreLost
 from .membership import Membership
 from .nccl_comm import TorchNcclComm
+from .net import OBSERVER_BACKLOG, listener
 from .observer_link import ObserverLink
 from .recorder import RunRecorder
 from .release import ReleaseTiming
@@ -105,7 +108,8 @@ class Controller:
             epoch=time.time,
         )
         self.observers = ObserverLink(
-            cfg.observer_host,
+            observer_listener(cfg),
+            cfg.observer_secret or secrets.token_hex(32),
             engine,
             driver.register_extra,
             driver.unregister_extra,
@@ -238,6 +242,16 @@ class Controller:
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:  # it holds the secret
                 json.dump(info, f)
             os.replace(tmp, self.cfg.ready_file)
+
+
+def observer_listener(cfg: ControllerConfig) -> socket.socket:
+    """The real ranks' observer port: the launcher's, bound before this process started so
+    that the ranks could start beside it (their environment names it), or one of its own."""
+    if cfg.observer_fd < 0:
+        return listener(cfg.observer_host, OBSERVER_BACKLOG)
+    sock = socket.socket(fileno=cfg.observer_fd)
+    sock.setblocking(False)
+    return sock
 
 
 def settle_heap() -> None:

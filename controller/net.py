@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+OBSERVER_BACKLOG = 64  # the observer port's: one connection per real rank, at start-up
+
 
 def listener(host: str, backlog: int = 1024) -> socket.socket:
     """A non-blocking TCP listener on `host` at an ephemeral port."""

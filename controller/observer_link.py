@@ -10,7 +10,7 @@ wire (and a mirrored input to zeros) instead of waiting for ever.
 from __future__ import annotations
 
 import base64
-import secrets
+import socket
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,7 +48,8 @@ class ObserverLink:
 
     def __init__(
         self,
-        host: str,
+        sock: socket.socket,
+        secret: str,
         engine: Engine,
         register: Callable[[object, Callable[[int], None]], None],
         unregister: Callable[[object], None],
@@ -61,8 +62,8 @@ class ObserverLink:
         on_loaded: Callable[[int], None] = lambda rank: None,
     ) -> None:
         self.engine = engine
-        self.secret = secrets.token_hex(32)  # an observer's hello carries it (the ready file has it)
-        self.hub = ObserverHub(host, register, unregister, self.secret, call_at=call_at, log=log)
+        self.secret = secret  # an observer's hello carries it (the ready file has it)
+        self.hub = ObserverHub(sock, register, unregister, secret, call_at=call_at, log=log)
         self.address = self.hub.address
         self.hub.on_reply = self._on_reply
         self.hub.on_lost = self._on_lost

@@ -23,8 +23,6 @@ from collections.abc import Callable
 
 from neuronabox.errors import NeuronaBoxError
 
-from .net import listener
-
 HELLO_TIMEOUT_S = 5.0  # an observer says hello as it connects
 STRANGER_LINE_MAX = 4096  # bytes before the hello: the hello is ~150
 PEER_LINE_MAX = 64 << 20  # any line of an observer; an input question raises it (`ask`, reply_bytes)
@@ -49,14 +47,14 @@ class ObserverError(NeuronaBoxError, RuntimeError):
 class ObserverHub:
     def __init__(
         self,
-        host: str,
+        sock: socket.socket,
         register: Callable[[object, Callable[[int], None]], None],
         unregister: Callable[[object], None],
         secret: str,
         call_at: Callable[[float, Callable[[], None]], None] | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.sock = listener(host, 64)
+        self.sock = sock  # listening, non-blocking (the launcher's, inherited, or `listener(host)`)
         self.address = self.sock.getsockname()
         self._register, self._unregister = register, unregister
         self._secret = secret.encode()

@@ -294,19 +294,24 @@ def test_a_run_refuses_a_trace_another_run_is_writing(run, tmp_path):
 
 def test_a_trace_taken_after_the_launcher_looked_ends_the_run_at_its_start(tmp_path):
     """The launcher's look and the controller's lock are seconds apart: a run that takes
-    the trace in between keeps it whole, and this one stops before its ranks start."""
+    the trace in between keeps it whole, and this one stops before its script starts (the
+    agent, started beside the controller, never gets past the store)."""
     import shutil
 
     from neuronabox.launcher.run import LaunchError, Run
 
     trace = tmp_path / "shared.jsonl"
-    job = job_of(WAITER, str(tmp_path), nnodes=2, trace=str(trace))
+    started = tmp_path / "script-started"
+    script = tmp_path / "marks_its_start.py"
+    script.write_text("import sys\nopen(sys.argv[1], 'w').close()\n")
+    job = job_of(script, str(started), nnodes=2, trace=str(trace))
     other = TraceWriter(trace, {"world_size": 9})  # the other run, between the look and the start
     run = Run(job)
     try:
         with pytest.raises(LaunchError, match=f"^controller exited at start: --trace {trace} is being written by"):
             run.execute()
-        assert not run.torchruns
+        run.cleanup()
+        assert not started.exists()
     finally:
         run.cleanup()
         shutil.rmtree(run.dir, ignore_errors=True)

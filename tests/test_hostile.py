@@ -24,6 +24,7 @@ from neuronabox.controller.dialects.gloo.driver import HANDSHAKE_TIMEOUT_S, Gloo
 from neuronabox.controller.dialects.gloo.protocol import GlooPair
 from neuronabox.controller.dialects.gloo.wire import PREAMBLE, SEQ, Opcode, SlotPrefix, make_slot
 from neuronabox.controller.groups import Conn, Group
+from neuronabox.controller.net import listener
 from neuronabox.controller.observers import HELLO_TIMEOUT_S, ObserverError, ObserverHub
 
 from neuronabox.schedules.gloo import RealRanks
@@ -244,7 +245,8 @@ class Loop:
 def hub_with_peer(secret: str = "s3cret", rank: int = 3):
     loop = Loop()
     logged: list[str] = []
-    hub = ObserverHub("127.0.0.1", loop.register, loop.unregister, secret, call_at=loop.call_at, log=logged.append)
+    hub = ObserverHub(listener("127.0.0.1"), loop.register, loop.unregister, secret, call_at=loop.call_at,
+                      log=logged.append)  # fmt: skip
     lost: list[int] = []
     hub.on_lost = lost.append
     peer = dial(hub.address, json.dumps({"hello": 1, "rank": rank, "pid": 1, "secret": secret}).encode() + b"\n")

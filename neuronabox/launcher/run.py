@@ -22,6 +22,7 @@ from neuronabox.controller.config import ControllerConfig
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.fidelity.testbed import Host
 from neuronabox.launcher import registry
+from neuronabox.launcher.controller_proc import controller_cause, controller_config, spawn
 from neuronabox.launcher.cores import pin
 from neuronabox.launcher.hosts import HeadLink, MemberLink, job_facts
 from neuronabox.launcher.job import Job
@@ -29,7 +30,7 @@ from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_s
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
 from neuronabox.launcher.reaping import Family, die_with_parent, stop_marked
 from neuronabox.launcher.result import RunResult, result_of
-from neuronabox.limits import read_bounded, read_tail
+from neuronabox.limits import read_bounded
 from neuronabox.trace import records as tracefile
 
 READY_TIMEOUT_S = 120
@@ -107,96 +108,67 @@ class Run:
 
     # -- children ----------------------------------------------------------------------
     def controller_config(self) -> ControllerConfig:
-        job = self.job
-        here = job.placement.controller if job.placement else None  # the launcher runs on the controller's host
-        cluster_side = job.master_addr if job.multi_host else "127.0.0.1"  # where other hosts' ranks reach us
-        return ControllerConfig(
-            nnodes=job.nnodes,
-            nproc_per_node=job.nproc_per_node,
-            real_nodes=list(job.real_nodes),
-            master_addr=job.master_addr,
-            master_port=job.master_port,
-            run_id=job.run_id,
-            lazy=job.lazy,
-            gloo_host=here.address if here else job.gloo_host,
-            observer_host=here.address if here else cluster_side,
-            ready_file=str(self.dir / "ready.json"),
-            trace_file=self.trace_path,
-            observer=job.observer,
-            data=job.data,
-            topology=job.topology,
-            delay_model=job.delay_model,
-            boundary=job.boundary,
-            inject=list(job.inject),
-            direct_ranks=list(job.direct_ranks),
-            timeout_s=job.timeout_s,
-            skew=job.skew,
-            local_work=job.local_work,
-            backend=job.backend,
-            nccl_release=job.nccl_release,
-            nccl_channels=job.nccl.channels if job.nccl else 1,
-            nccl_profile=self.nccl_profile if job.nccl else "",
-            member_link=self.link.address if self.link else "",
-        )
+        member_link = self.link.address if self.link else ""
+        return controller_config(self.job, self.dir, self.trace_path, self.nccl_profile, member_link)
 
     @property
     def nccl_profile(self) -> str:
         """Backend nccl: the FIFO the controller makes for the real ranks' profiler lines."""
         return str(self.dir / "nccl-profile.fifo")
 
-    def start_controller(self) -> dict:
-        cfg = self.controller_config()
-        (self.dir / "controller.json").write_text(cfg.dumps())
-        log = open(self.dir / "controller.log", "w")
-        self.controller = self.control.add(
-            subprocess.Popen(
-                [sys.executable, "-m", "neuronabox.controller.main", str(self.dir / "controller.json")],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent(then=pin(self.job.cores.controller if self.job.cores else None)),
-            )
-        )
-        ready = Path(cfg.ready_file)
+    def start_controller(self) -> tuple[str, str]:
+        """Start the controller; return the real ranks' observer port and the hello it takes
+        (`controller_proc.spawn`: the agents can start beside it)."""
+        cores = self.job.cores.controller if self.job.cores else None
+        proc, observer, secret = spawn(self.controller_config(), self.dir, cores)
+        self.controller = self.control.add(proc)
+        return observer, secret
+
+    def await_controller(self) -> None:
+        """Wait for the controller's ready file: its control port and token, then the
+        run's entry in the registry (`neuronabox status` lists every live run)."""
+        ready = self.dir / "ready.json"
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not ready.exists():
             if self.controller.poll() is not None:
                 raise LaunchError(f"controller exited at start: {self.controller_cause()}")
             if time.monotonic() > deadline:
                 raise LaunchError("controller did not become ready")
-            time.sleep(0.05)
+            time.sleep(0.02)
         info = json.loads(read_bounded(ready, 1 << 16, "ready file"))
         self.control_addr = info["control"]
         self.control_token = info["control_token"]
         entry = {"control": self.control_addr, "pid": os.getpid(), "dir": str(self.dir), "token": self.control_token}
-        registry.enter(entry)  # `neuronabox status` lists every live run
-        return info
+        registry.enter(entry)
 
     def controller_cause(self) -> str:
-        try:
-            lines = read_tail(self.dir / "controller.log", 1 << 16).decode(errors="replace").strip().splitlines()
-        except OSError:
-            lines = []
-        errs = [ln for ln in lines if "error:" in ln]
-        if errs:
-            return errs[-1].split("error: ", 1)[-1]
-        if lines and lines[-1][:1].isalpha() and ": " in lines[-1]:  # a traceback's last line: `pkg.Error: cause`
-            kind, cause = lines[-1].split(": ", 1)
-            return f"{kind.rsplit('.', 1)[-1]}: {cause}"
-        code = self.controller.returncode if self.controller else None
-        if code is not None and code < 0:
-            return f"the controller died (signal {-code})"
-        return f"the controller exited with status {code}"
+        return controller_cause(self.dir / "controller.log", self.controller.returncode if self.controller else None)
 
     def start_ranks(self, env: dict[str, str]) -> None:
-        """A stock torchrun for each real node here, and each real rank started directly."""
+        """A stock torchrun for each real node here, and each real rank started directly.
+        The agents start beside the controller (their workers wait for it in the store);
+        a direct rank's script runs at once, and NCCL's ranks open the FIFO the controller
+        makes: those only once it is up."""
         job = self.job
-        for node in job.local_nodes:
-            self.torchruns.append(self.spawn(job.host_of(node), node_command(job, node), env, node))
+        early = job.nccl is None
+        if early:
+            self.start_nodes(env)
+        if self.controller is not None:
+            self.await_controller()
+            if self.link is not None:
+                nodes = _nodes(job.remote_nodes)
+                print(f"neuronabox: waiting for real nodes {nodes} at {self.link.address}", flush=True)
+        if not early:
+            self.start_nodes(env)
         for rank in job.direct_ranks:
             node = rank // job.nproc_per_node
             cmd = worker_command(job)
             self.torchruns.append(self.spawn(job.host_of(node), cmd, direct_env(job, env, rank), node, rank))
+
+    def start_nodes(self, env: dict[str, str]) -> None:
+        """A stock torchrun for each real node here."""
+        for node in self.job.local_nodes:
+            self.torchruns.append(self.spawn(self.job.host_of(node), node_command(self.job, node), env, node))
 
     def spawn(
         self, host: Host, cmd: list[str], env: dict[str, str], node: int, rank: int | None = None
@@ -254,12 +226,10 @@ class Run:
         if job.multi_host:
             self.link = HeadLink(job.master_addr, job.remote_nodes, job_facts(job), job.join_timeout_s,
                                  time.monotonic())  # fmt: skip
-        info = self.start_controller()
+        observer, secret = self.start_controller()
         if self.link is not None:
-            self.link.welcome = {"observer": info["observer"], "observer_secret": info["observer_secret"]}
-            print(f"neuronabox: waiting for real nodes {_nodes(job.remote_nodes)} at {self.link.address}", flush=True)
-        self.start_ranks(ranks_env(job, info["observer"], info["observer_secret"], mark=self.mark,
-                                   nccl_profile=self.nccl_profile))  # fmt: skip
+            self.link.welcome = {"observer": observer, "observer_secret": secret}
+        self.start_ranks(ranks_env(job, observer, secret, mark=self.mark, nccl_profile=self.nccl_profile))
         while True:
             if self.controller.poll() is not None:
                 status = self.controller.returncode
