@@ -191,21 +191,20 @@ def test_validate_runs_torchrun_without_the_users_pet_flags(monkeypatch, tmp_pat
     assert env["PET_MAX_RESTARTS"] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
 
 
-def test_pet_nnodes_sizes_the_world(run):
-    res = run("torchrun", *TINY, env={"PET_NNODES": "4"}, timeout=180)
-    assert res.rc == 0, res.err[-2000:]
-    assert re.search(r"world size\s+4\n", res.out), res.out
-
-
-@pytest.mark.parametrize("how", ["flag", "PET_RDZV_ENDPOINT"])
+@pytest.mark.parametrize("how", ["flag", "PET_* variables"])
 def test_a_rdzv_endpoint_is_the_store(run, how):
+    """torchrun's flags, or the PET_* variables standing for them: the endpoint is the
+    store the run keeps, and PET_NNODES sizes the world."""
     from neuronabox.launcher.ports import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
-    flags, env = (["--rdzv-endpoint", endpoint], {}) if how == "flag" else ([], {"PET_RDZV_ENDPOINT": endpoint})
-    res = run("torchrun", "--nnodes", "2", *flags, *TINY, env=env, timeout=180)
+    if how == "flag":
+        flags, env, world = ["--nnodes", "2", "--rdzv-endpoint", endpoint], {}, 2
+    else:
+        flags, env, world = [], {"PET_NNODES": "4", "PET_RDZV_ENDPOINT": endpoint}, 4
+    res = run("torchrun", *flags, *TINY, env=env, timeout=180)
     assert res.rc == 0, res.err[-2000:]
-    assert re.search(r"world size\s+2\n", res.out), res.out
+    assert re.search(rf"world size\s+{world}\n", res.out), res.out
 
 
 # -- failed runs, concurrent runs -----------------------------------------------------

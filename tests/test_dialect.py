@@ -12,19 +12,20 @@ from conftest import SCRIPTS
 EVERY = str(SCRIPTS / "every_collective.py")
 
 
-@pytest.mark.parametrize("data", ["zeros", "mirror"])
 @pytest.mark.parametrize(
-    "nnodes,nproc,real",
+    "nnodes,nproc,real,data",
     [
-        # A larger power of two (4 one-rank nodes is 32's shape, smaller): two neighbours (the
-        # suite's time keeps one of each shape; rank 0 alone at 64 and 512 is test_live's, and
-        # the odd world is the 1,5 case below, whose two real ranks are each alone among
-        # emulated neighbours, as a lone real rank is).
-        (32, 1, "0,1"),
-        # Ranks 1 and 5 of 2-rank nodes (started without torchrun), and of 1-rank nodes
-        # (the odd world; at 32 the same two ranks added nothing the shapes above miss).
-        (4, 2, "1,5"),
-        (7, 1, "1,5"),
+        # A larger power of two (4 one-rank nodes is 32's shape, smaller): two neighbours, under
+        # both policies (the suite's time keeps one of each shape; rank 0 alone at 64 and 512 is
+        # test_live's, and the odd world is the 1,5 case below, whose two real ranks are each
+        # alone among emulated neighbours, as a lone real rank is).
+        (32, 1, "0,1", "zeros"),
+        (32, 1, "0,1", "mirror"),
+        # Ranks 1 and 5 of 2-rank nodes (started without torchrun), and of 1-rank nodes (the
+        # odd world; at 32 the same two ranks added nothing the shapes above miss): one policy
+        # each, the other policy's values checked on the same schedules above.
+        (4, 2, "1,5", "mirror"),
+        (7, 1, "1,5", "zeros"),
     ],
 )
 def test_every_collective_gets_the_policy_values(run, nnodes, nproc, real, data):
@@ -57,8 +58,7 @@ def test_bad_rank_and_data_flags_exit_2_with_one_line(run, flags, cause):
     "data,real,hook,ratio",
     [
         ("zeros", "0", [], 1 / 8),
-        ("mirror", "0", [], 1.0),
-        ("mirror", "0", ["--own-hook"], 1.0),
+        ("mirror", "0", ["--own-hook"], 1.0),  # mirror without the hook: rank 3's case below
         # Rank 0 emulated: DDP's construction broadcasts (metadata check, state sync) come
         # back as the real rank's own, so its model survives.
         ("zeros", "1", [], 1 / 8),

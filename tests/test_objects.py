@@ -12,10 +12,10 @@ OBJECTS = str(SCRIPTS / "objects.py")
 @pytest.mark.parametrize(
     "data,real",
     [
+        # Each side once, each policy once: an object collective's emulated contributions are
+        # the real rank's own under either policy, so the outputs checked are the same.
         ("zeros", "1"),  # rank 0 emulated: it broadcasts and scatters the real rank's own objects
-        ("mirror", "1"),
-        ("zeros", "0"),  # rank 0 real: its objects go out; gather_object's emulated blocks are its pickle
-        ("mirror", "0"),
+        ("mirror", "0"),  # rank 0 real: its objects go out; gather_object's emulated blocks are its pickle
     ],
 )
 def test_object_collectives_from_either_side(run, data, real):
