@@ -145,30 +145,22 @@ class Run:
         return controller_cause(self.dir / "controller.log", self.controller.returncode if self.controller else None)
 
     def start_ranks(self, env: dict[str, str]) -> None:
-        """A stock torchrun for each real node here, and each real rank started directly.
-        The agents start beside the controller (their workers wait for it in the store);
-        a direct rank's script runs at once, and NCCL's ranks open the FIFO the controller
-        makes: those only once it is up."""
-        job = self.job
-        early = job.nccl is None
-        if early:
-            self.start_nodes(env)
-        if self.controller is not None:
-            self.await_controller()
-            if self.link is not None:
-                nodes = _nodes(job.remote_nodes)
-                print(f"neuronabox: waiting for real nodes {nodes} at {self.link.address}", flush=True)
-        if not early:
-            self.start_nodes(env)
-        for rank in job.direct_ranks:
-            node = rank // job.nproc_per_node
-            cmd = worker_command(job)
-            self.torchruns.append(self.spawn(job.host_of(node), cmd, direct_env(job, env, rank), node, rank))
+        """A stock torchrun for each real node here, and each real rank started directly."""
+        self.start_nodes(env)
+        self.start_direct_ranks(env)
 
     def start_nodes(self, env: dict[str, str]) -> None:
         """A stock torchrun for each real node here."""
         for node in self.job.local_nodes:
             self.torchruns.append(self.spawn(self.job.host_of(node), node_command(self.job, node), env, node))
+
+    def start_direct_ranks(self, env: dict[str, str]) -> None:
+        """Each real rank started without an agent."""
+        job = self.job
+        for rank in job.direct_ranks:
+            cmd = worker_command(job)
+            node = rank // job.nproc_per_node
+            self.torchruns.append(self.spawn(job.host_of(node), cmd, direct_env(job, env, rank), node, rank))
 
     def spawn(
         self, host: Host, cmd: list[str], env: dict[str, str], node: int, rank: int | None = None
@@ -229,7 +221,18 @@ class Run:
         observer, secret = self.start_controller()
         if self.link is not None:
             self.link.welcome = {"observer": observer, "observer_secret": secret}
-        self.start_ranks(ranks_env(job, observer, secret, mark=self.mark, nccl_profile=self.nccl_profile))
+        env = ranks_env(job, observer, secret, mark=self.mark, nccl_profile=self.nccl_profile)
+        # The agents start beside the controller (their workers wait for it in the store);
+        # NCCL's ranks open the FIFO the controller makes, and a direct rank's script runs
+        # at once: those only once the controller is up.
+        if job.nccl is None:
+            self.start_nodes(env)
+        self.await_controller()
+        if self.link is not None:
+            print(f"neuronabox: waiting for real nodes {_nodes(job.remote_nodes)} at {self.link.address}", flush=True)
+        if job.nccl is not None:
+            self.start_nodes(env)
+        self.start_direct_ranks(env)
         while True:
             if self.controller.poll() is not None:
                 status = self.controller.returncode
