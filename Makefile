@@ -23,9 +23,10 @@ setup: $(BIN)/neuronabox
 demo: setup
 	$(BIN)/neuronabox torchrun --nnodes $(NNODES) --nproc-per-node 1 examples/train_ddp.py --steps 5
 
+# Two workers, one a core (tests that make or count testbed namespaces share one: loadgroup).
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: setup
 	$(BIN)/python scripts/bench_allreduce.py

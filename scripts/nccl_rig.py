@@ -39,6 +39,7 @@ DTYPES = {"float32": (7, 4), "float16": (6, 2), "bfloat16": (9, 2)}  # ncclDataT
 OPS = {"sum": 0, "max": 2, "min": 3}  # ncclRedOp_t
 OPS_OF = {"float32": ("sum", "max", "min"), "float16": ("sum",), "bfloat16": ("sum",)}
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+STUCK_GRACE_S = 3.0  # after one rank failed, how long its peers get to say they are stuck too (watchdogs wake each 1 s)
 
 
 def parse_size(text: str) -> int:
@@ -166,7 +167,9 @@ def collect(procs: list[subprocess.Popen], work: Path, plan: list[dict], args: a
                 except subprocess.TimeoutExpired:
                     pass
         if any(c not in (None, 0) for c in codes):
-            break  # one rank failed: the others would wait for it until their own timeouts
+            # One rank failed: the others would wait for it until their own timeouts. A peer
+            # stuck in the same collective says so within its watchdog's period: wait that.
+            deadline = min(deadline, time.monotonic() + STUCK_GRACE_S)
     results = [load_results(work / f"rank{r}.jsonl") for r in range(len(procs))]
     version = next((r["version"] for rs in results for r in rs if "version" in r), None)
     if version is not None:

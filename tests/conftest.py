@@ -45,6 +45,16 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
+def control_address(launcher_pid: int) -> str:
+    """The control address of the run `launcher_pid` launched, from the runs registry: a
+    test names its own run, since other runs may be live beside it (`status` lists all)."""
+    import json
+
+    from neuronabox.launcher.registry import RUNS_DIR
+
+    return json.loads((RUNS_DIR / f"{launcher_pid}.json").read_text())["control"]
+
+
 def nbx(*argv: str, timeout: float = 240, env: dict | None = None, check_clean: bool = True) -> Result:
     """Run `neuronabox ARGV...` to completion; fail the test if it leaves a process behind."""
     tag = uuid.uuid4().hex

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import grpc
-from conftest import ROOT, SCRIPTS, Live
+from conftest import ROOT, SCRIPTS, Live, control_address
 from neuronabox.controller import control_pb2, control_pb2_grpc
 
 
@@ -21,8 +21,8 @@ def test_a_stranger_cannot_stop_or_steer_a_run(tmp_path):
         st = subprocess.run(
             [sys.executable, "-m", "neuronabox.cli", "status"], capture_output=True, text=True, cwd=ROOT, timeout=30
         )
-        address = next(ln.split("--address ")[1].rstrip(")") for ln in st.stdout.splitlines() if "--address" in ln)
-        assert "state running" in st.stdout
+        address = control_address(live.proc.pid)  # other runs may be live: status lists them all
+        assert f"run of launcher {live.proc.pid} (--address {address})" in st.stdout and "state running" in st.stdout
         stub = control_pb2_grpc.ControlStub(grpc.insecure_channel(address))
         for call, req in ((stub.Shutdown, control_pb2.ShutdownRequest(reason="stranger")),
                           (stub.Inject, control_pb2.InjectRequest(specs=["latency=+1s"])),

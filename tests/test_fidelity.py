@@ -25,6 +25,8 @@ from neuronabox.fidelity.testbed import CGROUP_CPU, owned_cgroups, owned_netns, 
 
 MLP = str(ROOT / "examples" / "mlp.py")
 TRAIN_DDP = str(ROOT / "examples" / "train_ddp.py")  # an unmodified script: it prints no iteration line
+# The suite runs on two workers: every test that makes or counts testbed namespaces runs on one.
+pytestmark = pytest.mark.xdist_group("netns")
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or not (CGROUP_CPU / "cpu.cfs_quota_us").exists(),
     reason="the netns testbed needs root, iproute2 and the cgroup v1 cpu controller",

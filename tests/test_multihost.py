@@ -26,6 +26,7 @@ from conftest import EXAMPLE, ROOT, tagged_processes
 from neuronabox.fidelity.testbed import Netns
 from neuronabox.launcher.hosts import HeadLink, HostLinkError, MemberLink, MemberState
 
+pytestmark = pytest.mark.xdist_group("netns")  # with test_fidelity's, which counts testbed namespaces
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("ss") is None,
     reason="hosts as network namespaces need root, iproute2 and ss",

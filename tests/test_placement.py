@@ -17,14 +17,20 @@ from neuronabox.launcher.cores import CorePlan, plan_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The run's own controller is its launcher's child, as the rank's agent is: other runs'
+# controllers may be live beside it.
 AFFINITY = """
 import os, pathlib, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 mine = sorted(os.sched_getaffinity(0))
+def parent(pid):
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+launcher = parent(os.getppid())
 ctl = []
 for proc in pathlib.Path("/proc").iterdir():
     try:
-        if proc.name.isdigit() and b"neuronabox.controller.main" in (proc / "cmdline").read_bytes():
+        if (proc.name.isdigit() and b"neuronabox.controller.main" in (proc / "cmdline").read_bytes()
+                and parent(int(proc.name)) == launcher):
             ctl.append(sorted(os.sched_getaffinity(int(proc.name))))
     except OSError:
         pass

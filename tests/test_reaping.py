@@ -24,9 +24,11 @@ def test_ctrl_c_twice_with_two_real_nodes_leaves_nothing():
     try:
         live.wait_line(r"rank 1: iteration 0 done")
         live.proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)  # inside the launcher's cleanup now
+        time.sleep(0.3)  # inside the launcher's cleanup now, most often
         live.proc.send_signal(signal.SIGINT)
-        assert live.finish(timeout=60) == 130
+        # 130: the second one hurried the cleanup; -SIGINT: the cleanup was already done (the
+        # ranks stopped at once) and the second one ended the exiting launcher, as a shell's would.
+        assert live.finish(timeout=60) in (130, -signal.SIGINT)
     finally:
         live.stop()
     assert "interrupted (SIGINT)" in live.err

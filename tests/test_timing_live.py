@@ -7,7 +7,7 @@ import json
 import statistics
 
 import pytest
-from conftest import EXAMPLE, ROOT, Live, nbx
+from conftest import EXAMPLE, ROOT, Live, control_address, nbx
 
 from neuronabox.trace.records import load as load_trace
 
@@ -103,16 +103,17 @@ def test_inject_changes_a_live_run():
     )  # fmt: skip
     try:
         before = median_of_next(live, 50)
-        bad = nbx("inject", "latency=+3", check_clean=False)
+        inject = lambda *a: nbx("inject", "--address", control_address(live.proc.pid), *a, check_clean=False)  # noqa: E731
+        bad = inject("latency=+3")
         assert bad.rc == 2 and "latency" in bad.last_error
-        real = nbx("inject", "straggler=rank:0,delay=1ms", check_clean=False)  # the launcher refuses it too
+        real = inject("straggler=rank:0,delay=1ms")  # the launcher refuses it too
         assert real.rc == 2 and "a straggler must be an emulated rank of the world" in real.last_error, real.err
-        ok = nbx("inject", "latency=+4ms,per=collective,op=allreduce", check_clean=False)
+        ok = inject("latency=+4ms,per=collective,op=allreduce")
         assert ok.rc == 0 and "latency=+4ms" in ok.out, ok.err
         # 100 repetitions (0.1-0.5 s): a window of 30 right after an `inject` process exits
         # measured its teardown once (after the clear 3.37 ms against 1.15 ms before).
         during = median_after_change(live, 100)
-        assert nbx("inject", "--clear", check_clean=False).out.strip() == "what-if now: none"
+        assert inject("--clear").out.strip() == "what-if now: none"
         after = median_after_change(live, 100)
         # 4 ms injected; part of it may overlap the emulator's own cost on a loaded machine.
         assert during > before + 2e-3 and after < during - 2e-3, (before, during, after)

@@ -19,13 +19,30 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+_again: list[int] = []  # signals that came while the first one's exception unwound
+
+
 def _raise(signum: int, _frame) -> None:
+    # Only the first signal raises: a second one before the run's cleanup takes the signals
+    # (Run.cleanup) is noted, not raised into the `except` that handles the first.
+    for s in SIGNALS:
+        signal.signal(s, _note)
     raise Interrupted(signum)
+
+
+def _note(signum: int, _frame) -> None:
+    _again.append(signum)
+
+
+def interrupted_again() -> bool:
+    """Whether a signal came after the first one and before the cleanup took them over."""
+    return bool(_again)
 
 
 @contextmanager
 def raised_as_interrupted() -> Iterator[None]:
     """Within the block, SIGINT, SIGTERM and SIGHUP raise Interrupted; the old handlers after."""
+    _again.clear()
     old = {s: signal.signal(s, _raise) for s in SIGNALS}
     try:
         yield

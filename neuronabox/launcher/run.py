@@ -25,6 +25,7 @@ from neuronabox.launcher import registry
 from neuronabox.launcher.controller_proc import controller_cause, controller_config, spawn
 from neuronabox.launcher.cores import pin
 from neuronabox.launcher.hosts import HeadLink, MemberLink, job_facts
+from neuronabox.launcher.interrupts import interrupted_again
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
@@ -322,6 +323,7 @@ class Run:
         next comes after their last words. A second interrupt meanwhile kills at once
         (`handle_signals` False: from a thread other than the main one, which cannot)."""
         hurry = lambda *_: setattr(self, "hurry", True)  # noqa: E731
+        self.hurry = self.hurry or interrupted_again()
         sigs = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
         old = {s: signal.signal(s, hurry) for s in sigs}
         try:
