@@ -23,10 +23,10 @@ setup: $(BIN)/neuronabox
 demo: setup
 	$(BIN)/neuronabox torchrun --nnodes $(NNODES) --nproc-per-node 1 examples/train_ddp.py --steps 5
 
-# Two workers, one a core (tests that make or count testbed namespaces share one: loadgroup).
+# One worker: two (-n 2 --dist loadgroup) run in 460 s but still flake (docs/reliability.md).
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python scripts/bench_allreduce.py
