@@ -45,14 +45,20 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
-def control_address(launcher_pid: int) -> str:
+def control_address(launcher_pid: int, timeout: float = 60) -> str:
     """The control address of the run `launcher_pid` launched, from the runs registry: a
-    test names its own run, since other runs may be live beside it (`status` lists all)."""
+    test names its own run, since other runs may be live beside it (`status` lists all).
+    Waits for the entry: the launcher registers once its controller is up."""
     import json
 
     from neuronabox.launcher.registry import RUNS_DIR
 
-    return json.loads((RUNS_DIR / f"{launcher_pid}.json").read_text())["control"]
+    entry = RUNS_DIR / f"{launcher_pid}.json"
+    deadline = time.monotonic() + timeout
+    while not entry.exists():
+        assert time.monotonic() < deadline, f"run {launcher_pid} never registered in {RUNS_DIR}"
+        time.sleep(0.05)
+    return json.loads(entry.read_text())["control"]
 
 
 def nbx(*argv: str, timeout: float = 240, env: dict | None = None, check_clean: bool = True) -> Result:

@@ -181,8 +181,9 @@ def test_a_host_that_dies_ends_the_run_naming_it(hosts):
 @needs_root
 def test_a_host_that_never_joins_ends_the_run_on_every_host_naming_it(hosts):
     bed, start = hosts
-    head = start("controller", "controller", *world(bed, "--join-timeout", "3"))
-    one = start("node0", "torchrun", *world(bed, "--node-rank", "1", "--join-timeout", "3"), EXAMPLE)
+    # 8 s: under a second test worker's load node 1's launcher once took more than 3 s to join.
+    head = start("controller", "controller", *world(bed, "--join-timeout", "8"))
+    one = start("node0", "torchrun", *world(bed, "--node-rank", "1", "--join-timeout", "8"), EXAMPLE)
     assert head.end() == 1 and one.end() == 1
     assert "real node 2 never joined: no launcher with --node-rank 2" in head.error(), head.text()[-2000:]
     assert "the head ended the run: real node 2 never joined" in one.error(), one.text()[-2000:]

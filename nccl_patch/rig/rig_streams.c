@@ -309,6 +309,11 @@ static struct nbxOp *newOp(enum nbxOpKind kind) {
 
 CUresult nbxStreamLaunch(CUstream handle, struct nbxFunction *f, const void *args, size_t argsBytes, unsigned gridX,
                          unsigned blockX) {
+  /* An earlier fault is sticky: the launch fails with it, as the driver's does. The check comes
+   * before the enqueue, so this kernel's own fault (the stream thread may run it before this call
+   * returns) is reported where CUDA reports it: at the next synchronization. */
+  CUresult sticky = nbxStickyError();
+  if (sticky != CUDA_SUCCESS) return sticky;
   struct nbxOp *op = newOp(OP_KERNEL);
   if (op == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   /* A launch copies its parameters at the call, as the driver does. */
@@ -323,7 +328,7 @@ CUresult nbxStreamLaunch(CUstream handle, struct nbxFunction *f, const void *arg
   op->u.kernel.gridX = gridX;
   op->u.kernel.blockX = blockX;
   enqueue(nbxStreamResolve(handle), op);
-  return nbxStickyError();
+  return CUDA_SUCCESS;
 }
 
 CUresult nbxStreamHostFn(CUstream handle, CUhostFn fn, void *data) {

@@ -40,6 +40,7 @@ CONTROLLER_STORE_LOST = 5  # ... when the store a real node's agent hosts went a
 MIN_TORCH = (2, 2)
 OUTPUT_EOF_S = 3.0  # at the end, how long to wait for the real nodes' stderr to close
 HOST_SETTLE_S = 1.0  # a node's failure may follow another host's loss: how long the head waits to hear of it
+CONTROLLER_END_S = 5.0  # a node's failure may follow the controller's own error: how long to wait for its exit
 
 
 class LaunchError(NeuronaBoxError, RuntimeError):
@@ -250,6 +251,8 @@ class Run:
                 reply = self.shutdown(f"real node {first.node} failed: {first.what()}")
                 if reply is not None and reply.error:
                     raise LaunchError(f"{reply.error} (real node {first.node}: {first.what()})")
+                if reply is None and self.controller_failed_first():
+                    raise LaunchError(f"controller failed: {self.controller_cause()}")
                 raise LaunchError(f"the job failed on real node {first.node}: {first.what()}")
             if self.link is not None:
                 self.watch_hosts()
@@ -272,6 +275,17 @@ class Run:
         if self.link is not None:
             self.link.end("", result.summary)
         return result
+
+    def controller_failed_first(self) -> bool:
+        """A node failed and the controller did not answer the stop: it may be ending on
+        its own error, which closed the node's sockets (a protocol error ends the run that
+        way). Wait for its exit (CONTROLLER_END_S at most): an error status other than a
+        lost store (that node's own end) means its error came first."""
+        try:
+            status = self.controller.wait(timeout=CONTROLLER_END_S)
+        except subprocess.TimeoutExpired:
+            return False
+        return status not in (0, CONTROLLER_STORE_LOST)
 
     def watch_hosts(self, local_failure: bool = False) -> None:
         """The head: say who joined; end the run (LaunchError, once the controller is told)
