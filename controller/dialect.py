@@ -63,3 +63,9 @@ class Dialect(Protocol):
         """(the collective's kind, its tag); kind None: point-to-point, the slot is the
         user's tag. Raises UnsupportedCollective for a collective it cannot carry."""
         ...
+
+    def slot_pattern(self, slot: int) -> tuple[int, int, int, int]:
+        """(mask, value, tag_shift, tag_mask) of a collective's slot: later instances of
+        the same collective have slot & mask == value, and their tag is (slot >> tag_shift)
+        & tag_mask (a native start names its book from them)."""
+        ...

@@ -26,7 +26,7 @@ from neuronabox.schedules.gloo import Msg, Schedule, SendRef
 from neuronabox.schedules.gloo_reduce import RingReduce
 
 from .accounting import Accounting
-from .book import INPUT, Book, Core, Pair, ProgramCache, load_program
+from .book import INPUT, Book, Core, Pair, Program, ProgramCache, load_program
 from .dialect import Data, Dialect, Event, SendReady, UnsupportedCollective
 from .groups import Conn, Group
 from .mirror import MirrorInput
@@ -35,6 +35,7 @@ from .p2p import PointToPoint
 from .payloads import Input, PayloadPolicy
 from .release import ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
+from .starts import Seen, Starters, StartTemplate
 
 DEFERRED_RECORDS_MAX = 64  # finished instances whose records wait for an idle loop; more: published at once
 
@@ -79,6 +80,9 @@ class Instance:
         self.work: tuple[float, float] | None = None  # the measured local work its timeline charged (the trace's)
         self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
+        self.program: Program | None = None  # the recorded program its book loaded (the shape's)
+        self.native = False  # its book was started natively (adopt)
+        self.ended_at: float | None = None  # when its book completed, if before the instance was made (adopt)
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
         self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
 
@@ -186,6 +190,10 @@ class Instance:
         self._load_cached(sched)
         if unrooted:
             book.hold(1)  # the gather to the root, settled once a frame names it
+        if eng.native_start and clock is None and not asked and not unrooted and self.shape.settled_by_first_frame():
+            tpl = StartTemplate(g, sched, self.geometry, self.nbytes, tuple(self.pairs))
+            seen = Seen(self.slot, str(self.kind), self.buffered[0], tpl, self.program, self.pairs)
+            eng.starters.offer(seen, timing is not None and timing.meter is not None)
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._to_book(conn, ev)
@@ -204,6 +212,7 @@ class Instance:
             key, lambda prog, idx: load_program(prog, sched, g.real, idx, sched.sends, sched.recvs, deps)
         )
         self.book.load(program)
+        self.program = program
         self.pairs = dict(index)
         for pair in index:
             self._connect(pair)
@@ -287,8 +296,9 @@ class Instance:
         self.payloads.on_input(mirror)
         self.book.arrive(*INPUT, self.engine.clock())
 
-    def book_done(self) -> None:
-        """The book's last message crossed (or it had none): the record takes its times."""
+    def book_done(self, end: float | None = None) -> None:
+        """The book's last message crossed (or it had none): the record takes its times
+        (`end`: when, for a book that completed before its instance was made)."""
         book = self.book
         book.close()  # its hooks, the payload policy's lookup: no cycle keeps the instance
         self.payloads.lookup = None
@@ -305,6 +315,7 @@ class Instance:
             # no emulated send to a real rank: nothing the controller released could hold one up
             lag = book.lag()
             self.lag = (0.0 if timing.active else None) if lag is None else max(0.0, lag)
+        self.ended_at = end
         self._move(Phase.COMPLETE)
         self.engine.completed(self)
 
@@ -321,6 +332,7 @@ class Instance:
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
         rec.lag = self.lag
         rec.work = self.work
+        rec.native = self.native
         return rec
 
     def summary(self) -> str:
@@ -374,12 +386,17 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         native_timers: bool = False,
         defer_records: bool = False,
+        native_start: bool = False,
     ) -> None:
         """Each instance runs in a native book once its shape is known (controller/book.py).
         `native_timers`: the books' release timers wait in the native core, which the driver
         runs (`core.wait`), not through `call_at`. `defer_records`: a finished instance's
         record (and trace line) waits for the driver's idle turn (`publish_next`), off the
-        path of the next collective's frames; at most DEFERRED_RECORDS_MAX wait."""
+        path of the next collective's frames; at most DEFERRED_RECORDS_MAX wait.
+        `native_start`: an instance whose first frame matches one that alone settled an
+        earlier instance's schedule starts natively, in the core, and its Python instance
+        is made at the driver's next turn (`adopt_started`); only while releases are
+        untimed (no timeline to clone) and emulated payloads are the book's own."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -396,9 +413,11 @@ class Engine:
         self.instances: dict[tuple[str, int], Instance] = {}
         self.programs = ProgramCache()
         self.defer_records = defer_records
+        self.native_start = native_start and getattr(dialect, "slot_pattern", None) is not None
         self.finished: deque[tuple[Instance, float]] = deque()  # completed, record not yet out: (instance, end)
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
+        self.starters = Starters(self.core, dialect, self.conn_of)  # native starts (controller/starts.py)
 
     def _book_timer(self, when: float, book: Book, pair: int) -> None:
         self.call_at(when, lambda: book.due(pair, self.clock()))
@@ -451,10 +470,48 @@ class Engine:
         if inst is not None and inst.payloads.input is Input.ASKED:
             inst.on_input(mirror)
 
+    def _adopted(self, tpl: StartTemplate, book: Book) -> Instance:
+        """The instance of a book the core started natively from `tpl`: its shape is the
+        template's, its times the book's. Made at the driver's turn after the start, off
+        the path of the collective's frames."""
+        kind, tag = self.dialect.classify(book.slot)
+        g = tpl.group
+        inst = Instance(self, g, book.slot, kind, tag)
+        inst.account.start = min((first for first, _ in book.rank_times().values()), default=inst.account.start)
+        inst.shape.geometry, inst.shape.nbytes = tpl.geometry, tpl.nbytes
+        inst._move(Phase.RUNNING)
+        inst.native = True
+        inst.schedule, inst.book = tpl.schedule, book
+        inst.pairs = {pair: i for i, pair in enumerate(tpl.pairs)}
+        if self.timing is not None:  # inactive (no native start else): no timeline, no prediction
+            inst.work = self.timing.measured(self.timing.work_at(g.name, tag))
+        return inst
+
+    def adopt_started(self) -> None:
+        """The books the core started natively since the last turn get their instances
+        (the driver's turn, before the frames no book took)."""
+        for tpl, book in self.starters.take():
+            inst = self._adopted(tpl, book)
+            for other in list(self.instances.values()):
+                if other.group is inst.group:
+                    other.settle_unrooted()
+            self.instances[(inst.group.name, inst.slot)] = inst
+            if not book.adopt(inst):  # it completed before this turn
+                inst.book_done(book.done_at)
+        if len(self.starters) and self.timing is not None and self.timing.active:
+            self.starters.clear()  # a what-if came: instances get timelines from now on
+
+    def clear_starters(self) -> None:
+        """No native start until instances offer starters again (a pair closed)."""
+        self.starters.clear()
+
     def reset(self) -> None:
         """A new generation of the world (the default group made again): what the old one
         left in flight is dropped; its books take no frame and fire no timer."""
         self.publish_finished()
+        self.starters.clear()
+        for _, book in self.starters.take():
+            book.close()
         for inst in self.instances.values():
             if inst.book is not None:
                 inst.book.close()
@@ -465,10 +522,11 @@ class Engine:
 
     def completed(self, inst: Instance) -> None:
         del self.instances[(inst.group.name, inst.slot)]
+        end = self.clock() if inst.ended_at is None else inst.ended_at
         if not self.defer_records:
-            self._report(inst, self.clock())
+            self._report(inst, end)
             return
-        self.finished.append((inst, self.clock()))
+        self.finished.append((inst, end))
         if len(self.finished) > DEFERRED_RECORDS_MAX:  # the loop has had no idle turn: catch up now
             self.publish_finished()
 

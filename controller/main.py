@@ -157,6 +157,7 @@ class Controller:
             request_input=(lambda *question: self.observers.request_input(*question)) if observed else None,
             native_timers=True,
             defer_records=True,
+            native_start=os.environ.get("NEURONABOX_NATIVE_START", "1") != "0",  # 0: every book from Python (a check)
         )
 
     def _stepped(self, rank: int, t: float) -> None:

@@ -168,6 +168,7 @@ class Membership:
         rank has closed, the rank left the group: it destroyed it (to init again, or for
         good) or its process ended (torchrun may start it again). Its pairs are forgotten,
         the watchdog no longer waits for it, and a store thread looks for its next record."""
+        self.engine.clear_starters()  # a native start connects the pairs it saw open
         if conn.group is not self.default or self.conns.get((conn.group.name, conn.real, conn.emu)) is not conn:
             return
         r = conn.real

@@ -39,3 +39,4 @@ class InstanceRecord:
     dtype: str | None = None  # the observer's name for it (c10's: "Float", "Half", ...), when it told
     lag: float | None = None  # the emulator's lag (native Book.lag); None: the delay model priced nothing
     work: tuple[float, float] | None = None  # the measured local work its emulated ranks were charged (s/msg, s/byte)
+    native: bool = False  # its book started natively, from an earlier instance's first frame (engine.StartTemplate)

@@ -56,6 +56,7 @@ class RunRecorder:
         self.open_entries = open_entries
         self.clock = clock
         self.totals = RunTotals()
+        self.starts = {"native": 0, "python": 0}  # how the instances' books started (engine.py, native_start)
         # One reading of both clocks: the trace's monotonic times map to epoch time through it.
         self.clock_anchor = {"monotonic": clock(), "epoch": epoch()}
         offset = self.clock_anchor["epoch"] - self.clock_anchor["monotonic"]  # the trace's clock is epoch
@@ -64,6 +65,7 @@ class RunRecorder:
     def on_record(self, rec: InstanceRecord) -> None:
         """A finished instance: into the totals and the trace on disk, and then forgotten."""
         self.totals.add(rec.kind, rec.nbytes, rec.per_rank, rec.boundary_messages, rec.predicted, rec.lag)
+        self.starts["native" if rec.native else "python"] += 1
         group = self.group_of(rec.group)
         if group is not None:
             done = f"{rec.kind} #{rec.tag} of group {rec.group!r}"
@@ -118,4 +120,5 @@ class RunRecorder:
             "inject": self.timing.whatif.specs(),  # what-if may change during the run
             "release": self.timing.lateness_summary(),
             "local_work": self.timing.work_summary(),  # what the emulated ranks were charged at the end
+            "starts": dict(self.starts),
         }

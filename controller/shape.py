@@ -140,6 +140,19 @@ class ShapeInference:
         """The grace period ended: the next `resolve` decides among the roots left."""
         self._move_grace(Grace.OVER)
 
+    def settled_by_first_frame(self) -> bool:
+        """Whether the first frame alone gave the schedule (no other frame, no observer, no
+        grace period): another instance with that first frame on that pair has this shape
+        (a native start, controller/starts.py). A reduce's root comes from a later frame."""
+        return (
+            len(self.notices) == 1
+            and sum(map(len, self.notices.values())) == 1
+            and self.question is Question.NOT_ASKED
+            and self.grace is Grace.NOT_STARTED
+            and isinstance(self.first[1], (SendReady, RecvReady))
+            and self.kind != Kind.REDUCE
+        )
+
     # -- resolution --------------------------------------------------------------------
     def resolve(self) -> Schedule | None:
         """The schedule, once the frames so far (and the observer) determine it."""

@@ -252,12 +252,14 @@ def test_a_finished_instance_is_freed_at_once():
         gc.enable()
 
 
-def again(side, tag):
-    """The same real side plays the next instance of its schedule, on a new slot."""
-    side.slot = make_slot(SlotPrefix.ALLREDUCE, tag)
+def again(side, tag, prefix=SlotPrefix.ALLREDUCE):
+    """The same real side plays the next instance of its schedule, on a new slot (the
+    driver's turn then adopts what the core started natively)."""
+    side.slot = make_slot(prefix, tag)
     side.sends, side.got, side.credits = {}, {}, {}
     side.start()
     side.pump()
+    side.engine.adopt_started()
 
 
 @pytest.mark.parametrize("world,real", [(2, (0,)), (8, (0, 3)), (13, (1, 3))])
@@ -279,6 +281,60 @@ def test_a_shape_seen_before_loads_its_recorded_program(world, real):
     side.meta = (2 * total // elem, elem)
     again(side, 6)
     assert (programs.misses, programs.hits) == (2, 2) and len(side.completed) == 4
+
+
+@pytest.mark.parametrize(
+    "world,real,make,prefix",
+    [
+        (2, (0,), lambda w: RingAllreduce(RingGeometry.for_tensor(w, 1024, 4)), SlotPrefix.ALLREDUCE),
+        (8, (0, 3), lambda w: RingAllreduce(RingGeometry.for_tensor(w, 10_000, 4)), SlotPrefix.ALLREDUCE),
+        (13, (1, 3), lambda w: DisseminationBarrier(w), SlotPrefix.BARRIER),
+        (8, (0, 5), lambda w: BinomialBroadcast(w, 0, 4096), SlotPrefix.BROADCAST),
+    ],
+)  # fmt: skip
+def test_a_first_frame_seen_before_starts_its_book_natively(world, real, make, prefix):
+    """An instance whose first frame alone settled its schedule leaves a starter: the next
+    one with that first frame on that pair starts in the core, before any Python, and
+    crosses the same messages with the same bytes; its instance, made at the driver's
+    next turn, records it. Another first frame (another shape) starts in Python."""
+    sched = make(world)
+    side = RealSide(world, real, sched, make_slot(prefix, 3))
+    side.engine.native_start = True
+    side.start()
+    side.pump()
+    first = dict(side.got)
+    assert [r.native for r in side.completed] == [False] and len(side.engine.starters) == 1
+    for tag in (4, 5):
+        again(side, tag, prefix)
+    assert [r.native for r in side.completed] == [False, True, True]
+    assert [r.tag for r in side.completed] == [3, 4, 5]
+    assert {(r.boundary_messages, r.nbytes, r.geometry) for r in side.completed} == {
+        (side.completed[0].boundary_messages, side.completed[0].nbytes, side.completed[0].geometry)
+    }
+    assert side.got == first and not side.engine.instances
+    for rec in side.completed[1:]:  # its times are the book's: entered at its first frame, ended when done
+        assert rec.start <= min(a for a, _ in rec.per_rank.values()) and rec.end >= rec.start
+    side.engine.clear_starters()  # a pair closed, a what-if came: Python starts the next one
+    again(side, 6, prefix)
+    assert side.completed[-1].native is False and side.got == first
+
+
+def test_a_native_start_refuses_a_later_frame_its_shape_lacks():
+    """A starter matches the first frame only; a frame the shape does not have later ends
+    the run as the Python start's book would, naming the instance."""
+    world = 2
+    sched = RingAllreduce(RingGeometry.for_tensor(world, 1024, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 3))
+    side.engine.native_start = True
+    side.start()
+    side.pump()
+    side.slot = make_slot(SlotPrefix.ALLREDUCE, 4)
+    m = sched.sends(0)[0]
+    side.mirror[(0, 1)].send_ready(side.slot, m.nbytes)  # the same first frame: started natively
+    side.say(0, 1)
+    side.mirror[(0, 1)].send_ready(side.slot, m.nbytes + 8)  # a second notice the ring does not send
+    with pytest.raises(ProtocolError, match=r"allreduce #4 of group '0'"):
+        side.say(0, 1)
 
 
 def test_the_program_cache_keeps_the_most_recently_used_shapes():

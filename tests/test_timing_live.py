@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 
 import pytest
 from conftest import EXAMPLE, ROOT, Live, control_address, nbx
@@ -83,17 +82,20 @@ def test_real_rank_tracks_the_model(tmp_path):
     assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] * 1e-6 < predicted["barrier"]
 
 
-def median_of_next(live: Live, n: int) -> float:
-    """The median of the next `n` allreduce repetitions the real rank reports."""
-    return statistics.median(float(live.wait_line(r"REP allreduce ([0-9.]+)").group(1)) for _ in range(n))
+def next_reps(live: Live, n: int) -> list[float]:
+    """The next `n` allreduce repetitions the real rank reports, in seconds."""
+    return [float(live.wait_line(r"REP allreduce ([0-9.]+)").group(1)) for _ in range(n)]
 
 
-def median_after_change(live: Live, n: int) -> float:
-    """The median of `n` repetitions that all started after a change: the lines queued
-    before it are dropped, and so is the repetition in flight when it landed."""
+def best_after_change(live: Live, n: int) -> float:
+    """The fastest of `n` repetitions that all started after a change: the lines queued
+    before it are dropped, and so is the repetition in flight when it landed. The best,
+    not the median: the other test worker's load held a whole window's median at 7.5 ms
+    once and its tenth percentile at 3.7 ms another time (against 0.6 ms alone: the CPU
+    shared in 4 ms slices), while no repetition under +4 ms can end in less than 4 ms."""
     live.drain()
-    median_of_next(live, 2)
-    return median_of_next(live, n)
+    next_reps(live, 2)
+    return min(next_reps(live, n))
 
 
 def test_inject_changes_a_live_run():
@@ -111,14 +113,14 @@ def test_inject_changes_a_live_run():
         # right before its change: CI once saw the first 50 repetitions of the run (the
         # start's own load) at 2.9 ms against 1.15 ms later, and a window of 30 right after
         # an `inject` process exits measured its teardown once (3.37 ms).
-        before = median_after_change(live, 100)
+        before = best_after_change(live, 100)
         ok = inject("latency=+4ms,per=collective,op=allreduce")
         assert ok.rc == 0 and "latency=+4ms" in ok.out, ok.err
-        during = median_after_change(live, 100)
+        during = best_after_change(live, 100)
         assert inject("--clear").out.strip() == "what-if now: none"
-        after = median_after_change(live, 100)
-        # 4 ms injected; part of it may overlap the emulator's own cost on a loaded machine.
-        assert during > before + 2e-3 and during > after + 2e-3, (before, during, after)
+        after = best_after_change(live, 100)
+        # The emulated ranks enter 4 ms late: no repetition ends sooner while it holds.
+        assert during >= 3.9e-3 and during > before + 2e-3 and during > after + 2e-3, (before, during, after)
     finally:
         live.stop()
 

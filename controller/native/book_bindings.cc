@@ -160,9 +160,31 @@ struct Watched {
   bool writing;  // EPOLLOUT is on: frames wait for the socket
 };
 
+// A native start: a collective whose schedule its first frame on `pair` settles, seen once
+// in Python (engine.py, StartTemplate). A later instance whose first frame matches gets its
+// book here, loaded with the recorded program and connected before the frame goes in, so
+// no Python runs before its messages flow; Python adopts it at the loop's next idle turn
+// (Core.take_started).
+struct Starter {
+  PairObject* pair;         // strong: where the first frame comes
+  size_t index;             // that pair's index in the program
+  uint64_t mask, value;     // slot & mask == value: the collective's kind (and sub-slot)
+  gloo::EventKind kind;     // the first frame: a notice of this kind and length
+  uint64_t length;
+  int tag_shift;            // the instance's tag: (slot >> tag_shift) & tag_mask
+  uint64_t tag_mask;
+  std::string head, tail;   // the book's name: head + tag + tail
+  PyObject* program;        // strong: a Program
+  std::vector<PyObject*> conns;  // strong: each program pair's connection
+  bool turnarounds;
+  PyObject* token;          // strong: what Python adopts the book by
+};
+
 struct CoreObject {
   PyObject_HEAD
   std::vector<Timer>* heap;  // a min-heap (std::greater)
+  std::vector<Starter>* starters;  // native starts (add_starter)
+  std::vector<std::pair<PyObject*, PyObject*>>* started;  // (token, book), strong: started natively, not yet adopted
   int ep;  // the loop's epoll (-1 until the first watch)
   std::unordered_map<int, Watched>* watched;  // fd -> its pair
   uint64_t seq;
@@ -206,10 +228,12 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   if (self->heap == nullptr) {
     self->heap = new (std::nothrow) std::vector<Timer>();
     self->watched = new (std::nothrow) std::unordered_map<int, Watched>();
+    self->starters = new (std::nothrow) std::vector<Starter>();
+    self->started = new (std::nothrow) std::vector<std::pair<PyObject*, PyObject*>>();
     self->ep = -1;
     self->pyfd = -1;
   }
-  if (self->heap == nullptr || self->watched == nullptr) {
+  if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -239,12 +263,54 @@ int core_traverse(PyObject* obj, visitproc visit, void* arg) {
       Py_VISIT(reinterpret_cast<PyObject*>(w.pair));
     }
   }
+  if (self->starters != nullptr) {
+    for (const Starter& st : *self->starters) {
+      Py_VISIT(reinterpret_cast<PyObject*>(st.pair));
+      Py_VISIT(st.program);
+      Py_VISIT(st.token);
+      for (PyObject* c : st.conns) Py_VISIT(c);
+    }
+  }
+  if (self->started != nullptr) {
+    for (const auto& [token, book] : *self->started) {
+      Py_VISIT(token);
+      Py_VISIT(book);
+    }
+  }
   return 0;
+}
+
+// Forgets every native start (their pairs no longer ask this core).
+void drop_starters(CoreObject* self) {
+  if (self->starters == nullptr) return;
+  std::vector<Starter> gone = std::move(*self->starters);
+  self->starters->clear();
+  for (Starter& st : gone) {
+    if (st.pair->starts == reinterpret_cast<PyObject*>(self)) st.pair->starts = nullptr;
+  }
+  for (Starter& st : gone) {
+    Py_DECREF(reinterpret_cast<PyObject*>(st.pair));
+    Py_DECREF(st.program);
+    Py_DECREF(st.token);
+    for (PyObject* c : st.conns) Py_DECREF(c);
+  }
+}
+
+void drop_started(CoreObject* self) {
+  if (self->started == nullptr) return;
+  auto gone = std::move(*self->started);
+  self->started->clear();
+  for (auto& [token, book] : gone) {
+    Py_DECREF(token);
+    Py_DECREF(book);
+  }
 }
 
 int core_clear(PyObject* obj) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
+  drop_starters(self);
+  drop_started(self);
   if (self->heap != nullptr) {  // a book holds its core: its pending timers close that cycle
     std::vector<Timer> timers = std::move(*self->heap);
     self->heap->clear();
@@ -267,6 +333,10 @@ void core_dealloc(PyObject* obj) {
     }
     delete self->watched;
   }
+  drop_starters(self);
+  drop_started(self);
+  delete self->starters;
+  delete self->started;
   if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
@@ -338,6 +408,10 @@ bool apply(BookObject* b, Actions& a) {
     b->finished = true;
     PyObject* owner = b->owner;
     b->owner = nullptr;
+    if (owner == Py_None) {  // started natively, not adopted yet: Python finds it done (take_started)
+      Py_DECREF(owner);
+      return true;
+    }
     const bool ok = call1(core->done, owner);
     Py_DECREF(owner);
     return ok;
@@ -576,8 +650,10 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
     const double wait = next - monotonic();
+    // Books started natively wait for Python's adoption at the loop's next idle turn, as its own idle work does.
+    const bool idle_return = poll_once != 0 || !self->started->empty();
     const int ms =
-        poll_once == 0 && wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
+        !idle_return && wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
     int n;
     Py_BEGIN_ALLOW_THREADS
     n = ::epoll_wait(self->ep, evs, kMaxEvents, ms);
@@ -601,14 +677,94 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
         return nullptr;
       }
     }
-    if (poll_once != 0 && n == 0) break;  // nothing ready: Python has work put off for an idle loop
+    if (idle_return && n == 0) break;  // nothing ready: Python has work put off for an idle loop
   }
   PyObject* result = Py_BuildValue("(OO)", out, python ? Py_True : Py_False);
   Py_DECREF(out);
   return result;
 }
 
+Program* program_of(PyObject* obj);
+
+// add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns,
+//             turnarounds, token)
+PyObject* core_add_starter(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  PyObject *conn, *program, *conns, *token;
+  Py_ssize_t index;
+  unsigned long long mask, value, length, tag_mask;
+  int send_ready, tag_shift, turnarounds;
+  const char *head, *tail;
+  if (!PyArg_ParseTuple(args, "OnKKpKiKssO!O!pO", &conn, &index, &mask, &value, &send_ready, &length, &tag_shift,
+                        &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds, &token)) {
+    return nullptr;
+  }
+  if (self->starters == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
+    return nullptr;
+  }
+  const Program* p = program_of(program);
+  if (p == nullptr) return nullptr;
+  if (static_cast<size_t>(PyList_GET_SIZE(conns)) != p->pairs.size() || index < 0 ||
+      static_cast<size_t>(index) >= p->pairs.size()) {
+    PyErr_SetString(PyExc_ValueError, "a starter names one connection per program pair, and its first frame's pair");
+    return nullptr;
+  }
+  PyObject* pair = PyObject_GetAttrString(conn, "pair");
+  if (pair == nullptr) return nullptr;
+  auto* po = reinterpret_cast<PairObject*>(pair);
+  if (!PyObject_TypeCheck(pair, &PairType) || (po->starts != nullptr && po->starts != obj)) {
+    Py_DECREF(pair);
+    PyErr_SetString(PyExc_TypeError, "a starter's connection carries a native pair no other core starts on");
+    return nullptr;
+  }
+  Starter st{po, static_cast<size_t>(index), mask, value,
+             send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length, tag_shift, tag_mask,
+             head, tail, program, {}, turnarounds != 0, token};
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
+    PyObject* c = PyList_GET_ITEM(conns, i);
+    Py_INCREF(c);
+    st.conns.push_back(c);
+  }
+  Py_INCREF(program);
+  Py_INCREF(token);
+  po->starts = obj;  // the reference GetAttr gave is the starter's
+  self->starters->push_back(std::move(st));
+  Py_RETURN_NONE;
+}
+
+PyObject* core_clear_starters(PyObject* obj, PyObject*) {
+  drop_starters(reinterpret_cast<CoreObject*>(obj));
+  Py_RETURN_NONE;
+}
+
+PyObject* core_take_started(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const size_t n = self->started != nullptr ? self->started->size() : 0;
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(n));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    auto& [token, book] = (*self->started)[i];
+    PyObject* item = PyTuple_Pack(2, token, book);
+    if (item == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
+  }
+  drop_started(self);
+  return out;
+}
+
 PyMethodDef core_methods[] = {
+    {"add_starter", core_add_starter, METH_VARARGS,
+     "add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns, "
+     "turnarounds, token): a first notice of this kind and length on conn's pair, for a slot with slot & mask == "
+     "value and no book, starts a book natively: named head + tag + tail, `program` loaded, `conns` (one per program "
+     "pair; `index` is conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
+    {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
+    {"take_started", core_take_started, METH_NOARGS,
+     "take_started() -> [(token, book)]: the books started natively since the last call (their owner is None)."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
     {"unwatch", core_unwatch, METH_O, "unwatch(fd) -> bool: stop (before the socket closes)."},
     {"write_wanted", core_write_wanted, METH_O,
@@ -989,6 +1145,8 @@ PyGetSetDef program_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
+bool load_into(BookObject* self, PyObject* program);
+
 PyObject* book_load(PyObject* obj, PyObject* arg) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   if (!book_ready(self)) return nullptr;
@@ -1002,15 +1160,35 @@ PyObject* book_load(PyObject* obj, PyObject* arg) {
     PyErr_SetString(PyExc_RuntimeError, "a program is loaded into an empty book");
     return nullptr;
   }
-  try {
-    self->conns->resize(p->pairs.size(), nullptr);  // until each pair's connection opens (connect)
-    self->pairs->resize(p->pairs.size(), nullptr);
-    reinterpret_cast<ProgramObject*>(arg)->sealed = true;
-    self->book->load(*reinterpret_cast<ProgramObject*>(arg)->program);
-  } catch (const std::bad_alloc&) {
-    return PyErr_NoMemory();
-  }
+  if (!load_into(self, arg)) return nullptr;
   Py_RETURN_NONE;
+}
+
+// Pair k's connection is open: route its frames here and post its receives. False: a Python error is set.
+bool connect_pair(BookObject* self, size_t k, PyObject* conn) {
+  if ((*self->conns)[k] != nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "pair %zu of the book is connected already", k);
+    return false;
+  }
+  if (self->finished) return true;
+  PyObject* pair = PyObject_GetAttrString(conn, "pair");
+  if (pair == nullptr) return false;
+  if (!PyObject_TypeCheck(pair, &PairType)) {
+    Py_DECREF(pair);
+    PyErr_SetString(PyExc_TypeError, "a book's connection must carry a native pair (conn.pair)");
+    return false;
+  }
+  Py_INCREF(conn);
+  (*self->conns)[k] = conn;
+  auto* po = reinterpret_cast<PairObject*>(pair);  // the reference GetAttr gave
+  (*self->pairs)[k] = po;
+  PyObject* obj = reinterpret_cast<PyObject*>(self);
+  po->routes->push_back(Route{self->book->slot(), obj, k});
+  self->routed = true;
+  Py_INCREF(obj);  // the book's own hooks may drop the last other reference
+  const bool ok = run_book(self, [&](Actions& a) { self->book->connect(k, po->pair, a); });
+  Py_DECREF(obj);
+  return ok;
 }
 
 PyObject* book_connect(PyObject* obj, PyObject* args) {
@@ -1018,30 +1196,33 @@ PyObject* book_connect(PyObject* obj, PyObject* args) {
   Py_ssize_t i;
   PyObject* conn;
   if (!book_ready(self) || !PyArg_ParseTuple(args, "nO", &i, &conn) || !valid_pair(self, i)) return nullptr;
-  const auto k = static_cast<size_t>(i);
-  if ((*self->conns)[k] != nullptr) {
-    PyErr_Format(PyExc_RuntimeError, "pair %zd of the book is connected already", i);
-    return nullptr;
-  }
-  if (self->finished) Py_RETURN_NONE;
-  PyObject* pair = PyObject_GetAttrString(conn, "pair");
-  if (pair == nullptr) return nullptr;
-  if (!PyObject_TypeCheck(pair, &PairType)) {
-    Py_DECREF(pair);
-    PyErr_SetString(PyExc_TypeError, "a book's connection must carry a native pair (conn.pair)");
-    return nullptr;
-  }
-  Py_INCREF(conn);
-  (*self->conns)[k] = conn;
-  auto* po = reinterpret_cast<PairObject*>(pair);  // the reference GetAttr gave
-  (*self->pairs)[k] = po;
-  po->routes->push_back(Route{self->book->slot(), obj, k});
-  self->routed = true;
-  Py_INCREF(obj);  // the book's own hooks may drop the last other reference
-  const bool ok = run_book(self, [&](Actions& a) { self->book->connect(k, po->pair, a); });
-  Py_DECREF(obj);
-  if (!ok) return nullptr;
+  if (!connect_pair(self, static_cast<size_t>(i), conn)) return nullptr;
   Py_RETURN_NONE;
+}
+
+// loads `program` (a Program) into an empty book.
+bool load_into(BookObject* self, PyObject* program) {
+  Program* p = program_of(program);
+  if (p == nullptr) return false;
+  try {
+    self->conns->resize(p->pairs.size(), nullptr);  // until each pair's connection opens (connect)
+    self->pairs->resize(p->pairs.size(), nullptr);
+    reinterpret_cast<ProgramObject*>(program)->sealed = true;
+    self->book->load(*reinterpret_cast<ProgramObject*>(program)->program);
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return false;
+  }
+  return true;
+}
+
+PyObject* book_adopt(PyObject* obj, PyObject* owner) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  if (!book_ready(self)) return nullptr;
+  if (self->finished) Py_RETURN_FALSE;  // done before its adoption: the adopter completes it
+  Py_INCREF(owner);
+  Py_XSETREF(self->owner, owner);
+  Py_RETURN_TRUE;
 }
 
 // One frame's event, whichever side read it.
@@ -1230,6 +1411,11 @@ PyObject* book_done_at(PyObject* obj, void*) {
   return book_ready(self) ? PyFloat_FromDouble(self->book->done_at()) : nullptr;
 }
 
+PyObject* book_slot(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? PyLong_FromUnsignedLongLong(self->book->slot()) : nullptr;
+}
+
 PyMethodDef book_methods[] = {
     {"add_pair", book_add_pair, METH_VARARGS, "add_pair(real, emu) -> int: a pair of the instance's boundary."},
     {"expect_send", book_expect_send, METH_VARARGS,
@@ -1239,6 +1425,9 @@ PyMethodDef book_methods[] = {
      "expect_recv(pair, step, nbytes, limit, deps, content): the real rank receives at `step`; the emulated send waits "
      "for `deps` and carries `content`'s bytes ((rank, step) pairs; none: zeros)."},
     {"load", book_load, METH_O, "load(program): every pair and message of a recorded Program, into an empty book."},
+    {"adopt", book_adopt, METH_O,
+     "adopt(owner) -> bool: a book started natively gets its instance; False: it completed before (the adopter "
+     "completes the instance)."},
     {"connect", book_connect, METH_VARARGS,
      "connect(pair, conn): the pair's connection is open: post its receives, take its frames natively."},
     {"on_event", book_on_event, METH_VARARGS, "on_event(pair, event, now): a frame the driver read in Python."},
@@ -1262,6 +1451,7 @@ PyGetSetDef book_getset[] = {
     {"remaining", book_remaining, nullptr, "boundary messages not yet crossed", nullptr},
     {"boundary", book_boundary, nullptr, "boundary messages the program has", nullptr},
     {"done_at", book_done_at, nullptr, "when the last one crossed", nullptr},
+    {"slot", book_slot, nullptr, "the instance's slot", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -1278,6 +1468,58 @@ PyMethodDef book_module_methods[] = {
 
 }  // namespace
 
+namespace {
+
+// A first frame with no book: if a starter of the pair's core matches it, its book is made,
+// loaded, connected and fed here. 1: started; 0: no starter matches; -1: a Python error is set.
+int start_natively(PairObject* po, gloo::Event& ev, double now) {
+  auto* core = reinterpret_cast<CoreObject*>(po->starts);
+  if (ev.kind == gloo::EventKind::kData) return 0;
+  for (const Starter& st : *core->starters) {
+    if (st.pair != po || (ev.slot & st.mask) != st.value || st.kind != ev.kind || st.length != ev.length) continue;
+    auto* b = reinterpret_cast<BookObject*>(BookType.tp_alloc(&BookType, 0));
+    if (b == nullptr) return -1;
+    PyObject* obj = reinterpret_cast<PyObject*>(b);
+    try {
+      const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
+      b->book = new Book(st.head + std::to_string(tag) + st.tail, ev.slot, nullptr);
+      if (st.turnarounds) b->book->time_turnarounds();
+      b->conns = new std::vector<PyObject*>();
+      b->pairs = new std::vector<PairObject*>();
+    } catch (const std::bad_alloc&) {
+      Py_DECREF(obj);
+      PyErr_NoMemory();
+      return -1;
+    }
+    Py_INCREF(reinterpret_cast<PyObject*>(core));
+    b->core = core;
+    Py_INCREF(Py_None);
+    b->owner = Py_None;  // until Python adopts it
+    bool ok = load_into(b, st.program);
+    for (size_t k = 0; ok && k < st.conns.size(); ++k) ok = connect_pair(b, k, st.conns[k]);
+    if (ok) {
+      try {
+        Py_INCREF(st.token);
+        core->started->emplace_back(st.token, obj);  // the reference tp_alloc gave
+      } catch (const std::bad_alloc&) {
+        Py_DECREF(st.token);
+        PyErr_NoMemory();
+        ok = false;
+      }
+    }
+    if (!ok) {
+      unroute(b);
+      Py_DECREF(obj);
+      return -1;
+    }
+    Frame f{ev.kind, ev.slot, ev.length, std::move(ev.payload)};
+    return feed(b, st.index, f, now) ? 1 : -1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::vector<gloo::Event>* rest) {
   for (gloo::Event& ev : events) {
     const Route* found = nullptr;
@@ -1288,7 +1530,9 @@ bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::ve
       }
     }
     if (found == nullptr) {
-      rest->push_back(std::move(ev));
+      const int started = po->starts != nullptr ? start_natively(po, ev, now) : 0;
+      if (started < 0) return false;
+      if (started == 0) rest->push_back(std::move(ev));
       continue;
     }
     // The route may go while the book runs (it completes): nothing below reads it after.

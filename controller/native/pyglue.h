@@ -25,6 +25,7 @@ struct PairObject {
   gloo::Pair* pair;
   int fd;                      // the socket, once the driver has one (-1: none; frames are taken)
   std::vector<Route>* routes;  // books that take this pair's events natively
+  PyObject* starts;            // borrowed: the Core that may start a book for a first frame here (null: none)
 };
 
 extern PyTypeObject PairType;

@@ -136,6 +136,7 @@ def instance_line(rec: Record, us) -> dict:
         "loop_cpu_s": rec.loop_cpu,
         **({"lag_us": rec.lag * 1e6} if rec.lag is not None else {}),
         **({"work": {"message_us": rec.work[0] * 1e6, "reduce_ns_per_byte": rec.work[1] * 1e9}} if rec.work else {}),
+        **({"native_start": True} if getattr(rec, "native", False) else {}),
     }
 
 

@@ -119,6 +119,7 @@ class GlooDriver:
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
         self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
+        self._adopt: Callable[[], None] | None = getattr(self.engine, "adopt_started", None)
         self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
@@ -252,6 +253,8 @@ class GlooDriver:
             while self.running:
                 behind = self.idle_work is not None and self.idle_pending()
                 frames, python = self.core.wait(self._until(), behind)
+                if self._adopt is not None:  # books the core started natively, before the frames no book took
+                    self._adopt()
                 if behind and not frames and not python:  # nothing ready: the loop's idle turn
                     self.idle_work()
                 for conn, events in frames:

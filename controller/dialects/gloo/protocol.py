@@ -15,7 +15,7 @@ from neuronabox.schedules import Kind
 
 from ... import _native
 from ...dialect import Data, Event, RecvReady, SendReady, UnsupportedCollective
-from .wire import SlotPrefix, split_slot
+from .wire import SLOT_DELTA_MASK, SLOT_PREFIX_MASK, SLOT_TAG_MASK, SLOT_TAG_SHIFT, SlotPrefix, split_slot
 
 __all__ = ["GLOO", "Data", "Event", "GlooDialect", "GlooPair", "Payload", "RecvReady", "SendReady", "WireError"]
 
@@ -48,6 +48,10 @@ class GlooDialect:
         if kind is None:
             raise UnsupportedCollective(f"collective with slot prefix {prefix} (unknown) #{tag}")
         return kind, tag
+
+    def slot_pattern(self, slot: int) -> tuple[int, int, int, int]:
+        mask = SLOT_PREFIX_MASK | SLOT_DELTA_MASK  # the collective and its sub-slot; the tag between
+        return mask, slot & mask, SLOT_TAG_SHIFT, SLOT_TAG_MASK
 
 
 GLOO = GlooDialect()

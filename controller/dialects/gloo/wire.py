@@ -40,9 +40,14 @@ def make_slot(prefix: int, tag: int, delta: int = 0) -> int:
     return (prefix << 56) | ((tag & 0xFFFFFFFF) << 24) | delta
 
 
+SLOT_PREFIX_MASK = 0xFF << 56  # a slot: prefix (the collective) | tag << 24 | delta (a sub-slot)
+SLOT_TAG_SHIFT, SLOT_TAG_MASK = 24, 0xFFFFFFFF
+SLOT_DELTA_MASK = 0xFFFFFF
+
+
 def split_slot(slot: int) -> tuple[int, int, int]:
     """(prefix, tag, delta) of a slot."""
-    return slot >> 56, (slot >> 24) & 0xFFFFFFFF, slot & 0xFFFFFF
+    return slot >> 56, (slot >> SLOT_TAG_SHIFT) & SLOT_TAG_MASK, slot & SLOT_DELTA_MASK
 
 
 def encode_address(host: str, port: int, seq: int = -1) -> bytes:

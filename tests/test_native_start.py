@@ -1,0 +1,62 @@
+"""Native starts on live runs, with the stock torchrun, PyTorch and Gloo: a collective
+whose first frame settled an earlier instance's schedule starts in the controller's
+core, with no Python before its messages flow. The real ranks get the same values and
+the trace the same instances as when every book starts from Python
+(NEURONABOX_NATIVE_START=0, the reference)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from conftest import ROOT, SCRIPTS, nbx
+
+from neuronabox.trace.records import ends
+from neuronabox.trace.records import load as load_trace
+
+COLLECTIVES = str(SCRIPTS / "collectives.py")
+LOOP = str(ROOT / "scripts" / "collective_loop.py")
+SHAPE = ("kind", "group", "seq", "world", "root", "nbytes", "geometry", "boundary_messages")
+
+
+def traced(tmp_path, name: str, native: bool, *argv: str) -> tuple[list[dict], dict]:
+    trace = tmp_path / f"{name}.jsonl"
+    env = {"NEURONABOX_NATIVE_START": "1" if native else "0"}
+    res = nbx("torchrun", "--trace", str(trace), *argv, env=env)
+    assert res.rc == 0, res.err[-3000:]  # the collectives script checks every value it gets
+    _, footer = ends(trace)
+    return load_trace(trace)["instances"], footer
+
+
+def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
+    # Untimed releases (the zero model): a timed one needs the instance's own timeline.
+    argv = ("--nnodes", "4", "--real-nodes", "0,2", "--delay-model", "zero", COLLECTIVES, "--repeat", "3",
+            "--sizes", "7,1024,33000", "--dtypes", "float32,int64")  # fmt: skip
+    native, native_end = traced(tmp_path, "native", True, *argv)
+    python, python_end = traced(tmp_path, "python", False, *argv)
+    shape = lambda inst: tuple(inst[k] for k in SHAPE)  # noqa: E731
+    assert sorted(map(shape, native)) == sorted(map(shape, python))
+    started = [i for i in native if i.get("native_start")]
+    assert not any(i.get("native_start") for i in python)
+    assert native_end["starts"] == {"native": len(started), "python": len(native) - len(started)}
+    assert python_end["starts"] == {"native": 0, "python": len(python)}
+    # A ring allreduce's first notice settles it where its segments are long enough (the
+    # observer is asked for the 7-element ones), and the script repeats its sizes: a later
+    # repetition starts natively when its first frame comes on a pair where a Python start's
+    # first frame came (either real rank's may come first).
+    allreduces = Counter(i["nbytes"] for i in started if i["kind"] == "allreduce")
+    assert allreduces and set(allreduces) <= {1024 * 4, 1024 * 8, 33000 * 4, 33000 * 8}, allreduces
+    assert Counter(i["kind"] for i in started)["barrier"] >= 1
+    for inst in started:  # its times are the book's own
+        entered = min(a for a, _ in inst["per_rank"].values())
+        assert inst["start_us"] <= entered <= inst["end_us"], inst
+
+
+def test_a_whatif_injected_at_launch_keeps_every_start_in_python(tmp_path):
+    """A timed release needs the instance's timeline, which a native start has not: with a
+    what-if (or a delay model) every book starts from Python."""
+    argv = ("--nnodes", "2", "--delay-model", "zero", "--inject", "latency=+1ms,per=collective,op=allreduce", LOOP,
+            "--kinds", "allreduce,barrier", "--bytes", "1024", "--reps", "20")  # fmt: skip
+    instances, footer = traced(tmp_path, "whatif", True, *argv)
+    assert footer["starts"] == {"native": 0, "python": len(instances)} and len(instances) >= 40
+    plain, plain_end = traced(tmp_path, "plain", True, *argv[:4], *argv[6:])
+    assert plain_end["starts"]["native"] >= 30, plain_end  # the same loop with no what-if
