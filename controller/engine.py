@@ -190,10 +190,8 @@ class Instance:
         self._load_cached(sched)
         if unrooted:
             book.hold(1)  # the gather to the root, settled once a frame names it
-        if eng.native_start and clock is None and not asked and not unrooted and self.shape.settled_by_first_frame():
-            tpl = StartTemplate(g, sched, self.geometry, self.nbytes, tuple(self.pairs))
-            seen = Seen(self.slot, str(self.kind), self.buffered[0], tpl, self.program, self.pairs)
-            eng.starters.offer(seen, timing is not None and timing.meter is not None)
+        if eng.native_start and not asked and not unrooted and self.shape.settled_by_first_frame():
+            eng.offer_start(self, clock)
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._to_book(conn, ev)
@@ -483,9 +481,24 @@ class Engine:
         inst.native = True
         inst.schedule, inst.book = tpl.schedule, book
         inst.pairs = {pair: i for i, pair in enumerate(tpl.pairs)}
-        if self.timing is not None:  # inactive (no native start else): no timeline, no prediction
+        inst.predicted = tpl.predicted
+        if self.timing is not None:
             inst.work = self.timing.measured(self.timing.work_at(g.name, tag))
         return inst
+
+    def offer_start(self, inst: Instance, clock: object) -> None:
+        """`inst`'s first frame alone settled its schedule: the next instance with that first
+        frame starts natively, untimed or with a native timeline that has no draw of its own
+        (`clock`: what its book was given; controller/starts.py)."""
+        timing = self.timing
+        timed = clock is not None and clock is inst.timeline and hasattr(clock, "at") and timing.skew.mode == "none"
+        if clock is not None and not timed:
+            return
+        tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted)
+        seen = Seen(inst.slot, str(inst.kind), inst.buffered[0], tpl, inst.program, inst.pairs,
+                    timing is not None and timing.meter is not None, clock,
+                    timing.whatif.entry_delay(inst.kind) if timed else 0.0)  # fmt: skip
+        self.starters.offer(seen, self.start_basis())
 
     def adopt_started(self) -> None:
         """The books the core started natively since the last turn get their instances
@@ -498,8 +511,13 @@ class Engine:
             self.instances[(inst.group.name, inst.slot)] = inst
             if not book.adopt(inst):  # it completed before this turn
                 inst.book_done(book.done_at)
-        if len(self.starters) and self.timing is not None and self.timing.active:
-            self.starters.clear()  # a what-if came: instances get timelines from now on
+        self.starters.keep_if(self.start_basis())  # a what-if came, or the local work was refitted
+
+    def start_basis(self) -> tuple:
+        """What a native start's timeline depends on besides its shape and entry: the what-if
+        and the charged local work (each replaced whole when it changes)."""
+        timing = self.timing
+        return () if timing is None else (timing.whatif, timing.work)
 
     def clear_starters(self) -> None:
         """No native start until instances offer starters again (a pair closed)."""
@@ -540,6 +558,7 @@ class Engine:
         """A finished instance: a sample of the real rank's own work (the timing's meter),
         then its record."""
         inst.measure()
+        self.starters.keep_if(self.start_basis())  # the measure may have refitted the local work
         self.publish(inst.record(end))
 
     def publish_finished(self) -> None:

@@ -8,9 +8,13 @@ messages flow. DDP repeats its buckets every step, a training loop its barriers 
 scalar allreduces: in steady state most instances start this way. Python adopts each
 such book at the driver's next turn (`Engine.adopt_started`), off the collective's path.
 
-Only while releases are untimed (the zero model with no what-if: there is no timeline
-to clone) and emulated payloads are the book's own (no mirrored input, no reduce whose
-root a later frame names). A closed pair, a what-if, a new generation: starters go.
+A timed instance's book gets the template's native timeline moved to its own entry
+(`timeline.at(t0)`, in C++): the same release times as a timeline made in Python for it,
+as long as nothing but the entry differs, so only without drawn skew or jitter, and only
+while the what-if and the charged local work stay those the template was made under
+(its `basis`; either changing drops every starter). Emulated payloads must be the book's
+own (no mirrored input, no reduce whose root a later frame names). A closed pair or a
+new generation drops them too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class StartTemplate:
     geometry: str
     nbytes: int
     pairs: tuple[Pair, ...]  # the program's pairs, by index
+    predicted: float = 0.0  # the model's time for the shape, as Python priced it
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class Seen:
     template: StartTemplate
     program: Program
     index: dict[Pair, int]
+    turnarounds: bool = False  # the book times the real ranks' turnarounds (the local-work meter)
+    timeline: object = None  # a native timeline (None: untimed), cloned to each start's entry
+    entry_delay: float = 0.0  # the what-if's later entry for the collective
 
 
 class Starters:
@@ -56,13 +64,23 @@ class Starters:
     def __init__(self, core: Core, dialect: Dialect, conn_of: Callable[[Group, int, int], Conn | None]) -> None:
         self.core, self.dialect, self.conn_of = core, dialect, conn_of
         self.keys: set[tuple] = set()
+        self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def offer(self, seen: Seen, turnarounds: bool) -> None:
+    def keep_if(self, basis: tuple) -> None:
+        """Drop every starter unless they were made under `basis` (the same objects)."""
+        same = len(basis) == len(self.basis) and all(a is b for a, b in zip(basis, self.basis, strict=True))
+        if self.keys and not same:
+            self.clear()
+
+    def offer(self, seen: Seen, basis: tuple = ()) -> None:
         """The next instance with `seen`'s first frame starts natively, if every pair of
-        its program is open now (a pair that opens later: Python starts it)."""
+        its program is open now (a pair that opens later: Python starts it); `basis`: what
+        its timeline was made under."""
+        self.keep_if(basis)
+        self.basis = basis
         conn, ev = seen.first
         mask, value, tag_shift, tag_mask = self.dialect.slot_pattern(seen.slot)
         send_ready = isinstance(ev, SendReady)
@@ -76,7 +94,7 @@ class Starters:
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
             conn, seen.index[(conn.real, conn.emu)], mask, value, send_ready, ev.length, tag_shift, tag_mask,
-            head, tail, seen.program, conns, turnarounds, tpl,
+            head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay,
         )  # fmt: skip
         self.keys.add(key)
 

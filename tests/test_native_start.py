@@ -6,6 +6,7 @@ the trace the same instances as when every book starts from Python
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from conftest import ROOT, SCRIPTS, nbx
@@ -51,12 +52,34 @@ def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
         assert inst["start_us"] <= entered <= inst["end_us"], inst
 
 
-def test_a_whatif_injected_at_launch_keeps_every_start_in_python(tmp_path):
-    """A timed release needs the instance's timeline, which a native start has not: with a
-    what-if (or a delay model) every book starts from Python."""
-    argv = ("--nnodes", "2", "--delay-model", "zero", "--inject", "latency=+1ms,per=collective,op=allreduce", LOOP,
-            "--kinds", "allreduce,barrier", "--bytes", "1024", "--reps", "20")  # fmt: skip
-    instances, footer = traced(tmp_path, "whatif", True, *argv)
-    assert footer["starts"] == {"native": 0, "python": len(instances)} and len(instances) >= 40
-    plain, plain_end = traced(tmp_path, "plain", True, *argv[:4], *argv[6:])
-    assert plain_end["starts"]["native"] >= 30, plain_end  # the same loop with no what-if
+def loop(tmp_path, name: str, *launch: str) -> tuple[list[dict], dict, dict]:
+    """collective_loop's allreduce and barrier at W = 2: the trace's instances and footer,
+    and the real rank's RESULT (per kind: median_s, min_s, mean_s)."""
+    trace = tmp_path / f"{name}.jsonl"
+    argv = ("--nnodes", "2", *launch, "--trace", str(trace), LOOP, "--kinds", "allreduce,barrier", "--bytes", "4096",
+            "--reps", "20")  # fmt: skip
+    res = nbx("torchrun", *argv)
+    assert res.rc == 0, res.err[-3000:]
+    line = next(ln for ln in res.out.splitlines() if ln.startswith("RESULT "))
+    return load_trace(trace)["instances"], ends(trace)[1], json.loads(line[7:])
+
+
+def test_a_timed_native_start_keeps_the_model_and_the_whatif(tmp_path):
+    """A timed instance starts natively with the template's native timeline moved to its own
+    entry: +2 ms of later entry still holds every allreduce of the real rank, and the trace
+    prices natively started instances as Python-started ones."""
+    inject = ("--inject", "latency=+2ms,per=collective,op=allreduce")
+    instances, footer, got = loop(tmp_path, "timed", "--delay-model", "zero", *inject)
+    started = [i for i in instances if i.get("native_start")]
+    assert footer["starts"]["native"] == len(started) >= 30, footer  # 23 of each kind, the first of each in Python
+    assert got["allreduce"]["min_s"] >= 2e-3, got  # no repetition ends before the emulated ranks enter
+    models = {(i["kind"], bool(i.get("native_start"))): i["model_us"] for i in instances if i["kind"] == "allreduce"}
+    assert models[("allreduce", True)] == models[("allreduce", False)] >= 2000, models
+
+
+def test_jitter_keeps_every_start_in_python(tmp_path):
+    """Jitter draws each release in Python: no native timeline to move, no native start."""
+    instances, footer, _ = loop(tmp_path, "jitter", "--delay-model", "zero", "--inject", "jitter=100us,op=allreduce")
+    assert footer["starts"]["native"] == sum(1 for i in instances if i.get("native_start"))
+    assert not any(i.get("native_start") for i in instances if i["kind"] == "allreduce")
+    assert any(i.get("native_start") for i in instances if i["kind"] == "barrier")  # jitter on allreduce only

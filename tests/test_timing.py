@@ -83,6 +83,30 @@ def test_fast_path_equals_reference(kind):
             assert fast[(emu, step)] == pytest.approx(want, abs=1e-12), where
 
 
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "barrier"])
+def test_a_native_timeline_moved_to_another_entry_is_the_one_made_there(kind):
+    """A native start prices its book with the template's timeline moved to its own entry
+    (`at(t0)`, controller/starts.py): the releases must be those of a timeline made at that
+    entry, whatever the earlier instance's real sends did to the template's own state."""
+    rng = random.Random(f"at-{kind}")
+    for i in range(40):
+        sched, hop, entry, real, sends, work = random_case(rng, kind)
+        entry = Entry(entry.t0, entry.skew)  # a native start has no draws of its own
+        modeled = i % 2 == 0
+        template = timeline_for(sched, hop, entry, real, modeled, work)
+        for x, step, t in sends:  # the template's own instance ran
+            template.real_sent(x, step, t)
+        later = rng.uniform(1, 5)
+        moved_entry = Entry(entry.t0 + later, entry.skew)
+        moved_sends = [(x, step, t + later) for x, step, t in sends]
+        want = fast_arrivals(sched, hop, moved_entry, real, moved_sends, modeled, work, release=True)
+        moved = template.at(entry.t0 + later)
+        for x, step, t in moved_sends:
+            moved.real_sent(x, step, t)
+        for key, t in want.items():
+            assert moved.release(*key) == pytest.approx(t, abs=1e-12), (kind, i, key)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_work_delays_releases(kind):
     """No work is the model as it was (the default); more work never releases a message

@@ -178,6 +178,8 @@ struct Starter {
   std::vector<PyObject*> conns;  // strong: each program pair's connection
   bool turnarounds;
   PyObject* token;          // strong: what Python adopts the book by
+  PyObject* timeline;       // strong, or null (untimed): a native timeline; each start takes at(t + entry_delay)
+  double entry_delay;       // the what-if's later entry for the collective
 };
 
 struct CoreObject {
@@ -269,6 +271,7 @@ int core_traverse(PyObject* obj, visitproc visit, void* arg) {
       Py_VISIT(st.program);
       Py_VISIT(st.token);
       for (PyObject* c : st.conns) Py_VISIT(c);
+      Py_VISIT(st.timeline);
     }
   }
   if (self->started != nullptr) {
@@ -292,6 +295,7 @@ void drop_starters(CoreObject* self) {
     Py_DECREF(reinterpret_cast<PyObject*>(st.pair));
     Py_DECREF(st.program);
     Py_DECREF(st.token);
+    Py_XDECREF(st.timeline);
     for (PyObject* c : st.conns) Py_DECREF(c);
   }
 }
@@ -687,17 +691,27 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 Program* program_of(PyObject* obj);
 
 // add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns,
-//             turnarounds, token)
+//             turnarounds, token, timeline, entry_delay)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  PyObject *conn, *program, *conns, *token;
+  PyObject *conn, *program, *conns, *token, *timeline;
   Py_ssize_t index;
   unsigned long long mask, value, length, tag_mask;
   int send_ready, tag_shift, turnarounds;
   const char *head, *tail;
-  if (!PyArg_ParseTuple(args, "OnKKpKiKssO!O!pO", &conn, &index, &mask, &value, &send_ready, &length, &tag_shift,
-                        &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds, &token)) {
+  double entry_delay;
+  if (!PyArg_ParseTuple(args, "OnKKpKiKssO!O!pOOd", &conn, &index, &mask, &value, &send_ready, &length, &tag_shift,
+                        &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds, &token,
+                        &timeline, &entry_delay)) {
     return nullptr;
+  }
+  if (timeline != Py_None) {
+    const timing::TimingApi* api = timing_api();
+    int kind = 0;
+    if (api == nullptr || api->native_of(timeline, &kind) == nullptr) {
+      PyErr_SetString(PyExc_TypeError, "a starter's timeline must be a native one (neuronabox.schedules._timing)");
+      return nullptr;
+    }
   }
   if (self->starters == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
@@ -720,7 +734,8 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Starter st{po, static_cast<size_t>(index), mask, value,
              send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length, tag_shift, tag_mask,
-             head, tail, program, {}, turnarounds != 0, token};
+             head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
+             entry_delay};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
     PyObject* c = PyList_GET_ITEM(conns, i);
     Py_INCREF(c);
@@ -728,6 +743,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Py_INCREF(program);
   Py_INCREF(token);
+  Py_XINCREF(st.timeline);
   po->starts = obj;  // the reference GetAttr gave is the starter's
   self->starters->push_back(std::move(st));
   Py_RETURN_NONE;
@@ -759,9 +775,10 @@ PyObject* core_take_started(PyObject* obj, PyObject*) {
 PyMethodDef core_methods[] = {
     {"add_starter", core_add_starter, METH_VARARGS,
      "add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns, "
-     "turnarounds, token): a first notice of this kind and length on conn's pair, for a slot with slot & mask == "
-     "value and no book, starts a book natively: named head + tag + tail, `program` loaded, `conns` (one per program "
-     "pair; `index` is conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
+     "turnarounds, token, timeline, entry_delay): a first notice of this kind and length on conn's pair, for a slot "
+     "with slot & mask == value and no book, starts a book natively: named head + tag + tail, released by "
+     "timeline.at(now + entry_delay) (None: untimed), `program` loaded, `conns` (one per program pair; `index` is "
+     "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
     {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
     {"take_started", core_take_started, METH_NOARGS,
      "take_started() -> [(token, book)]: the books started natively since the last call (their owner is None)."},
@@ -1477,12 +1494,33 @@ int start_natively(PairObject* po, gloo::Event& ev, double now) {
   if (ev.kind == gloo::EventKind::kData) return 0;
   for (const Starter& st : *core->starters) {
     if (st.pair != po || (ev.slot & st.mask) != st.value || st.kind != ev.kind || st.length != ev.length) continue;
+    std::shared_ptr<ReleaseClock> clock;
+    if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
+      PyObject* tl = PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
+      if (tl == nullptr) return -1;
+      const timing::TimingApi* api = timing_api();
+      int kind = 0;
+      void* native = api != nullptr ? api->native_of(tl, &kind) : nullptr;
+      if (native == nullptr) {
+        Py_DECREF(tl);
+        PyErr_SetString(PyExc_TypeError, "a starter's timeline made a timeline that is not native");
+        return -1;
+      }
+      try {
+        clock = std::make_shared<NativeClock>(tl, api, native, kind);
+      } catch (const std::bad_alloc&) {
+        Py_DECREF(tl);
+        PyErr_NoMemory();
+        return -1;
+      }
+      Py_DECREF(tl);  // the clock holds it
+    }
     auto* b = reinterpret_cast<BookObject*>(BookType.tp_alloc(&BookType, 0));
     if (b == nullptr) return -1;
     PyObject* obj = reinterpret_cast<PyObject*>(b);
     try {
       const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
-      b->book = new Book(st.head + std::to_string(tag) + st.tail, ev.slot, nullptr);
+      b->book = new Book(st.head + std::to_string(tag) + st.tail, ev.slot, std::move(clock));
       if (st.turnarounds) b->book->time_turnarounds();
       b->conns = new std::vector<PyObject*>();
       b->pairs = new std::vector<PairObject*>();

@@ -149,7 +149,31 @@ PyObject* ring_boundary_cost(PyObject* obj, PyObject* const* args, Py_ssize_t n)
   return PyFloat_FromDouble(tl->boundary_cost());
 }
 
+// at(t0): the same timeline for an instance whose emulated ranks enter at t0 (nothing sent yet).
+PyObject* ring_at(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  RingTimeline* tl = timeline_of(obj);
+  if (tl == nullptr) return nullptr;
+  if (n != 1) {
+    PyErr_SetString(PyExc_TypeError, "at(t0)");
+    return nullptr;
+  }
+  RingParams p = tl->params();
+  p.t0 = PyFloat_AsDouble(args[0]);
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* out = RingType.tp_alloc(&RingType, 0);
+  if (out == nullptr) return nullptr;
+  auto* made = new (std::nothrow) RingTimeline(std::move(p));
+  if (made == nullptr) {
+    Py_DECREF(out);
+    return PyErr_NoMemory();
+  }
+  reinterpret_cast<RingObject*>(out)->tl = made;
+  return out;
+}
+
 PyMethodDef ring_methods[] = {
+    {"at", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ring_at)), METH_FASTCALL,
+     "at(t0): the same timeline for an instance whose emulated ranks enter at t0, nothing sent yet."},
     {"real_sent", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ring_real_sent)), METH_FASTCALL,
      "real_sent(rank, step, t): real `rank`'s boundary send of `step` reached the controller at t."},
     {"ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(ring_query<&RingTimeline::ready>)),
@@ -312,6 +336,26 @@ PyObject* wrapped_boundary_cost(PyObject* obj, PyObject* const* args, Py_ssize_t
   return PyFloat_FromDouble(tl->boundary_cost());
 }
 
+template <class T>
+PyObject* wrapped_at(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  T* tl = wrapped_of<T>(obj);
+  if (tl == nullptr) return nullptr;
+  if (n != 1) {
+    PyErr_SetString(PyExc_TypeError, "at(t0)");
+    return nullptr;
+  }
+  auto p = tl->params();
+  p.t0 = PyFloat_AsDouble(args[0]);
+  if (PyErr_Occurred()) return nullptr;
+  PyObject* out = Py_TYPE(obj)->tp_alloc(Py_TYPE(obj), 0);
+  if (out == nullptr) return nullptr;
+  if (install(out, new (std::nothrow) T(std::move(p))) < 0) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  return out;
+}
+
 PyCFunction fast(PyObject* (*fn)(PyObject*, PyObject* const*, Py_ssize_t)) {
   return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fn));
 }
@@ -319,6 +363,8 @@ PyCFunction fast(PyObject* (*fn)(PyObject*, PyObject* const*, Py_ssize_t)) {
 template <class T>
 PyMethodDef* methods_of() {
   static PyMethodDef methods[] = {
+      {"at", fast(wrapped_at<T>), METH_FASTCALL,
+       "at(t0): the same timeline for an instance whose emulated ranks enter at t0, nothing sent yet."},
       {"real_sent", fast(wrapped_real_sent<T>), METH_FASTCALL,
        "real_sent(rank, step, t): real `rank`'s boundary send of `step` reached the controller at t."},
       {"arrival", fast(wrapped_query<T, &T::arrival>), METH_FASTCALL,

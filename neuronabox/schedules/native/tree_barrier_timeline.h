@@ -39,6 +39,7 @@ class TreeTimeline {
   double arrival(int emu, int step) { return from(emu, step); }
   double boundary_cost() const { return p_.latency + p_.ser; }
   double release(int emu, int step) { return p_.modeled ? arrival(emu, step) : arrival(emu, step) - boundary_cost(); }
+  const TreeParams& params() const { return p_; }
 
  private:
   double from(int parent, int bit);
@@ -69,6 +70,7 @@ class BarrierTimeline {
   double arrival(int emu, int step) { return ready(emu, step) + p_.latency; }
   double boundary_cost() const { return p_.latency; }
   double release(int emu, int step) { return p_.modeled ? arrival(emu, step) : arrival(emu, step) - p_.latency; }
+  const BarrierParams& params() const { return p_; }
 
  private:
   // The hops from `src` covering distance m, in rising rounds: (first round, hop
