@@ -9,7 +9,9 @@ the per-run medians, their range, and the overhead of the emulated median; then
 the same for each run's best repetition (the median over runs of the minimum),
 which leaves out the scheduler-tick stalls this VM adds to any wake-up, all-real
 or emulated (docs/fidelity.md, "Tick stalls").
-Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...]
+With --python-starts a third run joins the rotation: the emulated side with every
+book started from Python (NEURONABOX_NATIVE_START=0), the native starts' reference.
+Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts]
 """
 
 from __future__ import annotations
@@ -72,12 +74,13 @@ def all_real(nbytes: int) -> dict:
     return result(outs[0][0])
 
 
-def emulated(nbytes: int, placement: Path) -> dict:
+def emulated(nbytes: int, placement: Path, native_starts: bool = True) -> dict:
+    env = dict(os.environ, NEURONABOX_NATIVE_START="1" if native_starts else "0")
     cmd = [
         sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
         "--placement", str(placement), *worker_args(nbytes),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1), env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return result(proc.stdout)
@@ -91,6 +94,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument(
+        "--python-starts",
+        action="store_true",
+        help="also run the emulated side with every book started from Python (NEURONABOX_NATIVE_START=0)",
+    )
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
@@ -98,14 +106,16 @@ def main() -> None:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         for nbytes in sizes:
-            real: list[dict] = []
-            emu: list[dict] = []
-            for rep in range(args.repeat):
-                order = [("real", all_real), ("emu", lambda n: emulated(n, placement))]
-                for mode, run in order if rep % 2 == 0 else order[::-1]:
-                    (real if mode == "real" else emu).append(run(nbytes))
+            runs: dict[str, list[dict]] = {"real": [], "emu": [], "python": []}
+            order = [("real", all_real), ("emu", lambda n: emulated(n, placement))]
+            if args.python_starts:
+                order.append(("python", lambda n: emulated(n, placement, native_starts=False)))
+            for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
+                turn = rep % len(order)
+                for mode, run in order[turn:] + order[:turn]:
+                    runs[mode].append(run(nbytes))
             for kind in KINDS.split(","):
-                rows.append((kind, nbytes, [r[kind] for r in real], [r[kind] for r in emu]))
+                rows.append((kind, nbytes, *([r[kind] for r in runs[m]] for m in ("real", "emu", "python"))))
             print(f"  done {label(nbytes)}", file=sys.stderr, flush=True)
 
     def ms(xs: list[float]) -> str:
@@ -115,13 +125,18 @@ def main() -> None:
         return f"{(statistics.median(e) / statistics.median(a) - 1) * 100:+.1f}%"
 
     head = "all-real ms (range) | emulated ms (range) | overhead | best rep all-real / emulated ms | overhead"
-    print(f"| collective | size | {head} |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for kind, nbytes, real, emu in sorted(rows, key=lambda r: (r[0], r[1])):
+    extra = " best rep, Python starts ms | overhead |" if args.python_starts else ""
+    print(f"| collective | size | {head} |{extra}")
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.python_starts else ""))
+    for kind, nbytes, real, emu, python in sorted(rows, key=lambda r: (r[0], r[1])):
         a, e = [r["median_s"] for r in real], [r["median_s"] for r in emu]
         ba, be = [r["min_s"] for r in real], [r["min_s"] for r in emu]
         best = f"{statistics.median(ba) * 1e3:.3f} / {statistics.median(be) * 1e3:.3f}"
-        print(f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {over(a, e)} | {best} | {over(ba, be)} |")
+        line = f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {over(a, e)} | {best} | {over(ba, be)} |"
+        if python:
+            bp = [r["min_s"] for r in python]
+            line += f" {statistics.median(bp) * 1e3:.3f} | {over(ba, bp)} |"
+        print(line)
 
 
 if __name__ == "__main__":
