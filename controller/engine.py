@@ -393,8 +393,9 @@ class Engine:
         path of the next collective's frames; at most DEFERRED_RECORDS_MAX wait.
         `native_start`: an instance whose first frame matches one that alone settled an
         earlier instance's schedule starts natively, in the core, and its Python instance
-        is made at the driver's next turn (`adopt_started`); only while releases are
-        untimed (no timeline to clone) and emulated payloads are the book's own."""
+        is made at the driver's next turn (`adopt_started`); only where releases are
+        untimed or priced by a native timeline with no draws, and emulated payloads are
+        the book's own (controller/starts.py)."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock

@@ -21,7 +21,7 @@ import yaml
 from conftest import ROOT, Live
 from neuronabox.topology import load
 
-from neuronabox.fidelity.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate
+from neuronabox.fidelity.testbed import CGROUP_CPU, owned_cgroups, owned_netns, parse_rate, sweep_stale
 
 MLP = str(ROOT / "examples" / "mlp.py")
 TRAIN_DDP = str(ROOT / "examples" / "train_ddp.py")  # an unmodified script: it prints no iteration line
@@ -191,6 +191,9 @@ def test_netns_failure_leaves_nothing(run, tmp_path):
 
 @needs_root
 def test_netns_ctrl_c_leaves_nothing(tmp_path):
+    # A testbed of a process that is gone is swept by the next testbed, this run's: sweep
+    # it now, or the run's own sweep reads as a change (CI once began with one present).
+    sweep_stale()
     before = host_state()
     live = Live("validate", "--nnodes", "3", "--testbed", "netns", "--rate", "1gbit", "--topology", "cpu-25gbe",
                 "--csv", str(tmp_path / "v.csv"), "--", MLP, "--steps", "100000")  # fmt: skip
@@ -203,4 +206,5 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
         assert "interrupted" in live.err
     finally:
         live.stop()
+    assert owned_netns(live.proc.pid) == [] and owned_cgroups(live.proc.pid) == [], live.err[-2000:]
     assert host_state() == before

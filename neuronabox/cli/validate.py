@@ -124,7 +124,13 @@ def main(argv: list[str]) -> int:
         print(f"neuronabox: interrupted (logs in {folder})", file=sys.stderr)
         return 130
     finally:
-        runner.stop()
-        if testbed is not None:
-            testbed.close()
-        signal.signal(signal.SIGTERM, old)
+        try:
+            runner.stop()
+        finally:  # the testbed goes even if stopping the runs failed, and a second signal waits for it
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                if testbed is not None:
+                    testbed.close()
+            finally:
+                signal.signal(signal.SIGTERM, old)
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
