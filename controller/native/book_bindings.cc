@@ -1489,11 +1489,48 @@ namespace {
 
 // A first frame with no book: if a starter of the pair's core matches it, its book is made,
 // loaded, connected and fed here. 1: started; 0: no starter matches; -1: a Python error is set.
+// Holds a copy of a starter's objects while a start runs: connecting a pair may reach Python
+// (a write to a pair with no socket), which may change the core's starters.
+class HeldStarter {
+ public:
+  explicit HeldStarter(const Starter& st) : st_(st) {
+    for (PyObject* o : objects()) Py_XINCREF(o);
+  }
+  ~HeldStarter() {
+    for (PyObject* o : objects()) Py_XDECREF(o);
+  }
+  HeldStarter(const HeldStarter&) = delete;
+  HeldStarter& operator=(const HeldStarter&) = delete;
+  const Starter& get() const { return st_; }
+
+ private:
+  std::vector<PyObject*> objects() const {
+    std::vector<PyObject*> all{reinterpret_cast<PyObject*>(st_.pair), st_.program, st_.token, st_.timeline};
+    all.insert(all.end(), st_.conns.begin(), st_.conns.end());
+    return all;
+  }
+  Starter st_;
+};
+
 int start_natively(PairObject* po, gloo::Event& ev, double now) {
   auto* core = reinterpret_cast<CoreObject*>(po->starts);
   if (ev.kind == gloo::EventKind::kData) return 0;
+  const Starter* match = nullptr;
   for (const Starter& st : *core->starters) {
-    if (st.pair != po || (ev.slot & st.mask) != st.value || st.kind != ev.kind || st.length != ev.length) continue;
+    if (st.pair == po && (ev.slot & st.mask) == st.value && st.kind == ev.kind && st.length == ev.length) {
+      match = &st;
+      break;
+    }
+  }
+  if (match == nullptr) return 0;
+  const HeldStarter held(*match);
+  const Starter& st = held.get();
+  Py_INCREF(reinterpret_cast<PyObject*>(core));  // the same for the core: Python may drop its last other reference
+  struct CoreRef {
+    PyObject* o;
+    ~CoreRef() { Py_DECREF(o); }
+  } core_ref{reinterpret_cast<PyObject*>(core)};
+  {
     std::shared_ptr<ReleaseClock> clock;
     if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
       PyObject* tl = PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
@@ -1553,7 +1590,6 @@ int start_natively(PairObject* po, gloo::Event& ev, double now) {
     Frame f{ev.kind, ev.slot, ev.length, std::move(ev.payload)};
     return feed(b, st.index, f, now) ? 1 : -1;
   }
-  return 0;
 }
 
 }  // namespace
