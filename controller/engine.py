@@ -190,8 +190,8 @@ class Instance:
         self._load_cached(sched)
         if unrooted:
             book.hold(1)  # the gather to the root, settled once a frame names it
-        if eng.native_start and not asked and not unrooted and self.shape.settled_by_first_frame():
-            eng.offer_start(self, clock)
+        if eng.native_start and not asked and not unrooted and (frames := self.shape.settled_by()):
+            eng.offer_start(self, clock, frames)
         buffered, self.buffered = self.buffered, []
         for conn, ev in buffered:
             self._to_book(conn, ev)
@@ -487,16 +487,16 @@ class Engine:
             inst.work = self.timing.measured(self.timing.work_at(g.name, tag))
         return inst
 
-    def offer_start(self, inst: Instance, clock: object) -> None:
-        """`inst`'s first frame alone settled its schedule: the next instance with that first
-        frame starts natively, untimed or with a native timeline that has no draw of its own
+    def offer_start(self, inst: Instance, clock: object, frames: list) -> None:
+        """`inst`'s first frames alone settled its schedule: the next instance with those first
+        frames starts natively, untimed or with a native timeline that has no draw of its own
         (`clock`: what its book was given; controller/starts.py)."""
         timing = self.timing
         timed = clock is not None and clock is inst.timeline and hasattr(clock, "at") and timing.skew.mode == "none"
         if clock is not None and not timed:
             return
         tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted)
-        seen = Seen(inst.slot, str(inst.kind), inst.buffered[0], tpl, inst.program, inst.pairs,
+        seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program, inst.pairs,
                     timing is not None and timing.meter is not None, clock,
                     timing.whatif.entry_delay(inst.kind) if timed else 0.0)  # fmt: skip
         self.starters.offer(seen, self.start_basis())

@@ -140,18 +140,22 @@ class ShapeInference:
         """The grace period ended: the next `resolve` decides among the roots left."""
         self._move_grace(Grace.OVER)
 
-    def settled_by_first_frame(self) -> bool:
-        """Whether the first frame alone gave the schedule (no other frame, no observer, no
-        grace period): another instance with that first frame on that pair has this shape
-        (a native start, controller/starts.py). A reduce's root comes from a later frame."""
-        return (
-            len(self.notices) == 1
-            and sum(map(len, self.notices.values())) == 1
-            and self.question is Question.NOT_ASKED
-            and self.grace is Grace.NOT_STARTED
-            and isinstance(self.first[1], (SendReady, RecvReady))
-            and self.kind != Kind.REDUCE
-        )
+    def settled_by(self) -> list[tuple[Conn, Event]] | None:
+        """The frames that alone gave the schedule, in order, when they are notices on one
+        pair and neither the observer nor a grace period had a part: another instance with
+        those first frames on that pair has this shape (a native start, controller/starts.py;
+        an allgather's block takes two notices). None otherwise. A reduce's root comes from
+        a later frame."""
+        frames = [f for evs in self.notices.values() for f in evs]
+        if (
+            self.question is not Question.NOT_ASKED
+            or self.grace is not Grace.NOT_STARTED
+            or self.kind == Kind.REDUCE
+            or len({id(conn) for conn, _ in frames}) != 1
+            or not all(isinstance(ev, (SendReady, RecvReady)) for _, ev in frames)
+        ):
+            return None
+        return frames
 
     # -- resolution --------------------------------------------------------------------
     def resolve(self) -> Schedule | None:

@@ -1,11 +1,14 @@
 """Native starts: the first frames of seen shapes, and what the core starts from them.
 
-A collective instance whose first frame alone settled its schedule (no other frame, no
-observer's answer) leaves a starter in the core (`Core.add_starter`): the next instance
-of its group with that first frame on that pair gets its book in C++, loaded with the
-recorded program and connected before the frame goes in, so no Python runs before its
-messages flow. DDP repeats its buckets every step, a training loop its barriers and
-scalar allreduces: in steady state most instances start this way. Python adopts each
+A collective instance whose first frames alone settled its schedule (notices on one
+pair, no observer's answer) leaves a starter in the core (`Core.add_starter`): the next
+instance of its group with those first frames on that pair gets its book in C++, loaded
+with the recorded program and connected before the frames go in, so no Python runs
+before its messages flow. An allgather's block takes two notices: its starter is kept
+only for a program of one pair, where the core holds the first notice until the second
+matches (or hands both to Python, in order, when it does not). DDP repeats its buckets
+every step, a training loop its barriers and scalar allreduces: in steady state most
+instances start this way. Python adopts each
 such book at the driver's next turn (`Engine.adopt_started`), off the collective's path.
 
 A timed instance's book gets the template's native timeline moved to its own entry
@@ -49,7 +52,7 @@ class Seen:
 
     slot: int
     kind: str
-    first: tuple[Conn, Event]
+    first: tuple[tuple[Conn, Event], ...]  # the frames that settled it, in order, on one pair
     template: StartTemplate
     program: Program
     index: dict[Pair, int]
@@ -76,24 +79,25 @@ class Starters:
             self.clear()
 
     def offer(self, seen: Seen, basis: tuple = ()) -> None:
-        """The next instance with `seen`'s first frame starts natively, if every pair of
-        its program is open now (a pair that opens later: Python starts it); `basis`: what
-        its timeline was made under."""
+        """The next instance with `seen`'s first frames starts natively, if every pair of
+        its program is open now (a pair that opens later: Python starts it) and, for more
+        than one frame, its program has that one pair; `basis`: what its timeline was made
+        under."""
         self.keep_if(basis)
         self.basis = basis
-        conn, ev = seen.first
+        conn = seen.first[0][0]
         mask, value, tag_shift, tag_mask = self.dialect.slot_pattern(seen.slot)
-        send_ready = isinstance(ev, SendReady)
-        key = (conn.group.name, conn.real, conn.emu, value, send_ready, ev.length)
+        frames = [(isinstance(ev, SendReady), ev.length) for _, ev in seen.first]
+        key = (conn.group.name, conn.real, conn.emu, value, tuple(frames))
         tpl = seen.template
         conns = [self.conn_of(tpl.group, r, e) for r, e in tpl.pairs]
-        if key in self.keys or any(c is None for c in conns):
+        if key in self.keys or any(c is None for c in conns) or (len(frames) > 1 and len(tpl.pairs) != 1):
             return
         if len(self.keys) >= STARTERS_KEPT:
             self.clear()
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
-            conn, seen.index[(conn.real, conn.emu)], mask, value, send_ready, ev.length, tag_shift, tag_mask,
+            conn, seen.index[(conn.real, conn.emu)], mask, value, frames, tag_shift, tag_mask,
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay,
         )  # fmt: skip
         self.keys.add(key)

@@ -290,6 +290,7 @@ def test_a_shape_seen_before_loads_its_recorded_program(world, real):
         (8, (0, 3), lambda w: RingAllreduce(RingGeometry.for_tensor(w, 10_000, 4)), SlotPrefix.ALLREDUCE),
         (13, (1, 3), lambda w: DisseminationBarrier(w), SlotPrefix.BARRIER),
         (8, (0, 5), lambda w: BinomialBroadcast(w, 0, 4096), SlotPrefix.BROADCAST),
+        (2, (0,), lambda w: RingAllgather(w, 10), SlotPrefix.ALLGATHER),  # two notices settle it: one pair
     ],
 )  # fmt: skip
 def test_a_first_frame_seen_before_starts_its_book_natively(world, real, make, prefix):
@@ -317,6 +318,24 @@ def test_a_first_frame_seen_before_starts_its_book_natively(world, real, make, p
     side.engine.clear_starters()  # a pair closed, a what-if came: Python starts the next one
     again(side, 6, prefix)
     assert side.completed[-1].native is False and side.got == first
+
+
+def test_held_first_frames_that_no_starter_completes_go_to_python_in_order():
+    """An allgather's block takes two notices: the core holds the first while it may begin
+    a starter's frames. When the second is another length (another block), both go to
+    Python, in order, and the instance starts there and completes."""
+    world = 2
+    side = RealSide(world, (0,), RingAllgather(world, 10), make_slot(SlotPrefix.ALLGATHER, 3))
+    side.engine.native_start = True
+    side.start()
+    side.pump()
+    again(side, 4, SlotPrefix.ALLGATHER)
+    assert [r.native for r in side.completed] == [False, True]
+    side.sched = RingAllgather(world, 11)  # halves of 5 and 6: the same first notice, another second
+    again(side, 5, SlotPrefix.ALLGATHER)
+    assert [r.native for r in side.completed] == [False, True, False]
+    assert side.completed[-1].nbytes == 22 and side.completed[-1].geometry == "block=11"
+    assert not side.engine.instances and not side.engine.core.take_started()
 
 
 def test_a_native_start_refuses_a_later_frame_its_shape_lacks():

@@ -83,3 +83,18 @@ def test_jitter_keeps_every_start_in_python(tmp_path):
     assert footer["starts"]["native"] == sum(1 for i in instances if i.get("native_start"))
     assert not any(i.get("native_start") for i in instances if i["kind"] == "allreduce")
     assert any(i.get("native_start") for i in instances if i["kind"] == "barrier")  # jitter on allreduce only
+
+
+def test_an_allgather_that_two_notices_settle_starts_natively_at_w2(tmp_path):
+    """At W = 2 an allgather's first two notices come on the one pair: the core holds the
+    first until the second matches a starter, then starts the book with both. The real
+    rank's values are the collectives script's check; the records are the Python starts'."""
+    argv = ("--nnodes", "2", "--delay-model", "zero", COLLECTIVES, "--repeat", "4", "--sizes", "1024",
+            "--dtypes", "float32")  # fmt: skip
+    native, native_end = traced(tmp_path, "native", True, *argv)
+    python, _ = traced(tmp_path, "python", False, *argv)
+    shape = lambda inst: tuple(inst[k] for k in SHAPE)  # noqa: E731
+    assert sorted(map(shape, native)) == sorted(map(shape, python))
+    allgathers = [i for i in native if i["kind"] == "allgather"]
+    assert len(allgathers) == 4 and sum(1 for i in allgathers if i.get("native_start")) == 3, allgathers
+    assert native_end["starts"]["native"] == sum(1 for i in native if i.get("native_start"))

@@ -169,8 +169,9 @@ struct Starter {
   PairObject* pair;         // strong: where the first frame comes
   size_t index;             // that pair's index in the program
   uint64_t mask, value;     // slot & mask == value: the collective's kind (and sub-slot)
-  gloo::EventKind kind;     // the first frame: a notice of this kind and length
-  uint64_t length;
+  // The first frames, in order: notices of these kinds and lengths (more than one: the
+  // program has one pair, so they all come on it, and they wait in a Pending until matched).
+  std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
   int tag_shift;            // the instance's tag: (slot >> tag_shift) & tag_mask
   uint64_t tag_mask;
   std::string head, tail;   // the book's name: head + tag + tail
@@ -182,11 +183,19 @@ struct Starter {
   double entry_delay;       // the what-if's later entry for the collective
 };
 
+// A slot's first frames on a pair, held while they are a prefix of a starter's frames.
+struct Pending {
+  PairObject* pair;  // strong
+  uint64_t slot;
+  std::vector<gloo::Event> events;
+};
+
 struct CoreObject {
   PyObject_HEAD
   std::vector<Timer>* heap;  // a min-heap (std::greater)
   std::vector<Starter>* starters;  // native starts (add_starter)
   std::vector<std::pair<PyObject*, PyObject*>>* started;  // (token, book), strong: started natively, not yet adopted
+  std::vector<Pending>* pending;  // first frames held for a starter of several
   int ep;  // the loop's epoll (-1 until the first watch)
   std::unordered_map<int, Watched>* watched;  // fd -> its pair
   uint64_t seq;
@@ -232,10 +241,12 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     self->watched = new (std::nothrow) std::unordered_map<int, Watched>();
     self->starters = new (std::nothrow) std::vector<Starter>();
     self->started = new (std::nothrow) std::vector<std::pair<PyObject*, PyObject*>>();
+    self->pending = new (std::nothrow) std::vector<Pending>();
     self->ep = -1;
     self->pyfd = -1;
   }
-  if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr) {
+  if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr ||
+      self->pending == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -280,7 +291,25 @@ int core_traverse(PyObject* obj, visitproc visit, void* arg) {
       Py_VISIT(book);
     }
   }
+  if (self->pending != nullptr) {
+    for (const Pending& p : *self->pending) Py_VISIT(reinterpret_cast<PyObject*>(p.pair));
+  }
   return 0;
+}
+
+bool has_pending(CoreObject* self, PairObject* po) {
+  return self->pending != nullptr &&
+         std::any_of(self->pending->begin(), self->pending->end(), [&](const Pending& p) { return p.pair == po; });
+}
+
+void drop_pending(CoreObject* self) {
+  if (self->pending == nullptr) return;
+  auto gone = std::move(*self->pending);
+  self->pending->clear();
+  for (Pending& p : gone) {
+    if (p.pair->starts == reinterpret_cast<PyObject*>(self)) p.pair->starts = nullptr;
+    Py_DECREF(reinterpret_cast<PyObject*>(p.pair));
+  }
 }
 
 // Forgets every native start (their pairs no longer ask this core).
@@ -288,8 +317,8 @@ void drop_starters(CoreObject* self) {
   if (self->starters == nullptr) return;
   std::vector<Starter> gone = std::move(*self->starters);
   self->starters->clear();
-  for (Starter& st : gone) {
-    if (st.pair->starts == reinterpret_cast<PyObject*>(self)) st.pair->starts = nullptr;
+  for (Starter& st : gone) {  // a pair with frames held still asks, to hand them back
+    if (st.pair->starts == reinterpret_cast<PyObject*>(self) && !has_pending(self, st.pair)) st.pair->starts = nullptr;
   }
   for (Starter& st : gone) {
     Py_DECREF(reinterpret_cast<PyObject*>(st.pair));
@@ -315,6 +344,7 @@ int core_clear(PyObject* obj) {
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   drop_starters(self);
   drop_started(self);
+  drop_pending(self);
   if (self->heap != nullptr) {  // a book holds its core: its pending timers close that cycle
     std::vector<Timer> timers = std::move(*self->heap);
     self->heap->clear();
@@ -339,8 +369,10 @@ void core_dealloc(PyObject* obj) {
   }
   drop_starters(self);
   drop_started(self);
+  drop_pending(self);
   delete self->starters;
   delete self->started;
+  delete self->pending;
   if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
@@ -690,20 +722,27 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 
 Program* program_of(PyObject* obj);
 
-// add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns,
-//             turnarounds, token, timeline, entry_delay)
+// add_starter(conn, index, mask, value, frames, tag_shift, tag_mask, head, tail, program, conns, turnarounds,
+//             token, timeline, entry_delay)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  PyObject *conn, *program, *conns, *token, *timeline;
+  PyObject *conn, *frames_list, *program, *conns, *token, *timeline;
   Py_ssize_t index;
-  unsigned long long mask, value, length, tag_mask;
-  int send_ready, tag_shift, turnarounds;
+  unsigned long long mask, value, tag_mask;
+  int tag_shift, turnarounds;
   const char *head, *tail;
   double entry_delay;
-  if (!PyArg_ParseTuple(args, "OnKKpKiKssO!O!pOOd", &conn, &index, &mask, &value, &send_ready, &length, &tag_shift,
-                        &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds, &token,
-                        &timeline, &entry_delay)) {
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+                        &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
+                        &token, &timeline, &entry_delay)) {
     return nullptr;
+  }
+  std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames_list); ++i) {
+    int send_ready;
+    unsigned long long length;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(frames_list, i), "pK", &send_ready, &length)) return nullptr;
+    frames.emplace_back(send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length);
   }
   if (timeline != Py_None) {
     const timing::TimingApi* api = timing_api();
@@ -724,6 +763,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "a starter names one connection per program pair, and its first frame's pair");
     return nullptr;
   }
+  if (frames.empty() || (frames.size() > 1 && p->pairs.size() != 1)) {
+    PyErr_SetString(PyExc_ValueError, "a starter has a first frame, and several only for a program of one pair");
+    return nullptr;
+  }
   PyObject* pair = PyObject_GetAttrString(conn, "pair");
   if (pair == nullptr) return nullptr;
   auto* po = reinterpret_cast<PairObject*>(pair);
@@ -732,8 +775,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
     PyErr_SetString(PyExc_TypeError, "a starter's connection carries a native pair no other core starts on");
     return nullptr;
   }
-  Starter st{po, static_cast<size_t>(index), mask, value,
-             send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length, tag_shift, tag_mask,
+  Starter st{po, static_cast<size_t>(index), mask, value, std::move(frames), tag_shift, tag_mask,
              head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
              entry_delay};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
@@ -1512,18 +1554,10 @@ class HeldStarter {
   Starter st_;
 };
 
-int start_natively(PairObject* po, gloo::Event& ev, double now) {
-  auto* core = reinterpret_cast<CoreObject*>(po->starts);
-  if (ev.kind == gloo::EventKind::kData) return 0;
-  const Starter* match = nullptr;
-  for (const Starter& st : *core->starters) {
-    if (st.pair == po && (ev.slot & st.mask) == st.value && st.kind == ev.kind && st.length == ev.length) {
-      match = &st;
-      break;
-    }
-  }
-  if (match == nullptr) return 0;
-  const HeldStarter held(*match);
+// Starts a book from `match` and feeds it `events` (its first frames, in order). False: a Python error is set.
+bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now) {
+  const gloo::Event& ev = events.front();
+  const HeldStarter held(match);
   const Starter& st = held.get();
   Py_INCREF(reinterpret_cast<PyObject*>(core));  // the same for the core: Python may drop its last other reference
   struct CoreRef {
@@ -1534,26 +1568,26 @@ int start_natively(PairObject* po, gloo::Event& ev, double now) {
     std::shared_ptr<ReleaseClock> clock;
     if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
       PyObject* tl = PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
-      if (tl == nullptr) return -1;
+      if (tl == nullptr) return false;
       const timing::TimingApi* api = timing_api();
       int kind = 0;
       void* native = api != nullptr ? api->native_of(tl, &kind) : nullptr;
       if (native == nullptr) {
         Py_DECREF(tl);
         PyErr_SetString(PyExc_TypeError, "a starter's timeline made a timeline that is not native");
-        return -1;
+        return false;
       }
       try {
         clock = std::make_shared<NativeClock>(tl, api, native, kind);
       } catch (const std::bad_alloc&) {
         Py_DECREF(tl);
         PyErr_NoMemory();
-        return -1;
+        return false;
       }
       Py_DECREF(tl);  // the clock holds it
     }
     auto* b = reinterpret_cast<BookObject*>(BookType.tp_alloc(&BookType, 0));
-    if (b == nullptr) return -1;
+    if (b == nullptr) return false;
     PyObject* obj = reinterpret_cast<PyObject*>(b);
     try {
       const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
@@ -1564,7 +1598,7 @@ int start_natively(PairObject* po, gloo::Event& ev, double now) {
     } catch (const std::bad_alloc&) {
       Py_DECREF(obj);
       PyErr_NoMemory();
-      return -1;
+      return false;
     }
     Py_INCREF(reinterpret_cast<PyObject*>(core));
     b->core = core;
@@ -1585,12 +1619,70 @@ int start_natively(PairObject* po, gloo::Event& ev, double now) {
     if (!ok) {
       unroute(b);
       Py_DECREF(obj);
-      return -1;
+      return false;
     }
-    Frame f{ev.kind, ev.slot, ev.length, std::move(ev.payload)};
-    return feed(b, st.index, f, now) ? 1 : -1;
+    for (gloo::Event& e : events) {
+      Frame f{e.kind, e.slot, e.length, std::move(e.payload)};
+      if (!feed(b, st.index, f, now)) return false;
+    }
+    return true;
   }
 }
+
+// A frame of a slot no book takes, on a pair whose core has starters: 1 if it was taken
+// (a book started from it and the frames held before it; held as a prefix of a starter's
+// first frames; or handed back in `rest` after the frames held before it, which then are
+// no starter's), 0 if not (the caller hands it on), -1 with a Python error set.
+int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo::Event>* rest) {
+  auto* core = reinterpret_cast<CoreObject*>(po->starts);
+  std::vector<Pending>& pend = *core->pending;
+  auto held = std::find_if(pend.begin(), pend.end(), [&](const Pending& p) { return p.pair == po && p.slot == ev.slot; });
+  const size_t n = (held != pend.end() ? held->events.size() : 0) + 1;
+  auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? held->events[i] : ev; };
+  const Starter* exact = nullptr;
+  bool prefix = false;
+  if (ev.kind != gloo::EventKind::kData) {
+    for (const Starter& st : *core->starters) {
+      if (st.pair != po || (ev.slot & st.mask) != st.value || st.frames.size() < n) continue;
+      bool same = true;
+      for (size_t i = 0; same && i < n; ++i) {
+        same = st.frames[i].first == frame(i).kind && st.frames[i].second == frame(i).length;
+      }
+      if (!same) continue;
+      if (st.frames.size() == n) {
+        exact = &st;
+        break;
+      }
+      prefix = true;
+    }
+  }
+  std::vector<gloo::Event> events;
+  if (held != pend.end() && (exact != nullptr || !prefix)) {  // the held frames go on: to a book, or back
+    events = std::move(held->events);
+    Py_DECREF(reinterpret_cast<PyObject*>(held->pair));
+    pend.erase(held);
+  }
+  if (exact != nullptr) {
+    events.push_back(std::move(ev));
+    return start_book(core, *exact, events, now) ? 1 : -1;  // it copies the starter before any Python can run
+  }
+  if (prefix) {
+    if (held != pend.end()) {
+      held->events.push_back(std::move(ev));
+    } else {
+      Py_INCREF(reinterpret_cast<PyObject*>(po));
+      pend.push_back(Pending{po, ev.slot, {}});
+      pend.back().events.push_back(std::move(ev));
+    }
+    return 1;
+  }
+  if (events.empty()) return 0;
+  for (gloo::Event& e : events) rest->push_back(std::move(e));
+  rest->push_back(std::move(ev));
+  return 1;
+}
+
+
 
 }  // namespace
 
@@ -1604,7 +1696,7 @@ bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::ve
       }
     }
     if (found == nullptr) {
-      const int started = po->starts != nullptr ? start_natively(po, ev, now) : 0;
+      const int started = po->starts != nullptr ? start_natively(po, ev, now, rest) : 0;
       if (started < 0) return false;
       if (started == 0) rest->push_back(std::move(ev));
       continue;
