@@ -496,7 +496,7 @@ class Engine:
         if clock is not None and not timed:
             return
         tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted)
-        seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program, inst.pairs,
+        seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,
                     timing is not None and timing.meter is not None, clock,
                     timing.whatif.entry_delay(inst.kind) if timed else 0.0)  # fmt: skip
         self.starters.offer(seen, self.start_basis())
@@ -504,7 +504,10 @@ class Engine:
     def adopt_started(self) -> None:
         """The books the core started natively since the last turn get their instances
         (the driver's turn, before the frames no book took)."""
-        for tpl, book in self.starters.take():
+        started = self.starters.take()
+        if not started:  # every loop turn: nothing more to do unless the core started books
+            return
+        for tpl, book in started:
             inst = self._adopted(tpl, book)
             for other in list(self.instances.values()):
                 if other.group is inst.group:

@@ -22,7 +22,7 @@ new generation drops them too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from neuronabox.schedules.gloo import Schedule
@@ -55,7 +55,6 @@ class Seen:
     first: tuple[tuple[Conn, Event], ...]  # the frames that settled it, in order, on one pair
     template: StartTemplate
     program: Program
-    index: dict[Pair, int]
     turnarounds: bool = False  # the book times the real ranks' turnarounds (the local-work meter)
     timeline: object = None  # a native timeline (None: untimed), cloned to each start's entry
     entry_delay: float = 0.0  # the what-if's later entry for the collective
@@ -97,12 +96,12 @@ class Starters:
             self.clear()
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
-            conn, seen.index[(conn.real, conn.emu)], mask, value, frames, tag_shift, tag_mask,
+            conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay,
         )  # fmt: skip
         self.keys.add(key)
 
-    def take(self) -> list[tuple[StartTemplate, Book]]:
+    def take(self) -> Sequence[tuple[StartTemplate, Book]]:
         """The books started since the last call, with their templates."""
         return self.core.take_started()
 

@@ -799,6 +799,7 @@ PyObject* core_clear_starters(PyObject* obj, PyObject*) {
 PyObject* core_take_started(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   const size_t n = self->started != nullptr ? self->started->size() : 0;
+  if (n == 0) return PyTuple_New(0);  // every loop turn asks: the shared empty tuple, no allocation
   PyObject* out = PyList_New(static_cast<Py_ssize_t>(n));
   if (out == nullptr) return nullptr;
   for (size_t i = 0; i < n; ++i) {
@@ -823,7 +824,7 @@ PyMethodDef core_methods[] = {
      "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
     {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
     {"take_started", core_take_started, METH_NOARGS,
-     "take_started() -> [(token, book)]: the books started natively since the last call (their owner is None)."},
+     "take_started() -> [(token, book)] (or ()): the books started natively since the last call (their owner is None)."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
     {"unwatch", core_unwatch, METH_O, "unwatch(fd) -> bool: stop (before the socket closes)."},
     {"write_wanted", core_write_wanted, METH_O,

@@ -149,26 +149,31 @@ PyObject* ring_boundary_cost(PyObject* obj, PyObject* const* args, Py_ssize_t n)
   return PyFloat_FromDouble(tl->boundary_cost());
 }
 
-// at(t0): the same timeline for an instance whose emulated ranks enter at t0 (nothing sent yet).
-PyObject* ring_at(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
-  RingTimeline* tl = timeline_of(obj);
+// at(t0) of any native timeline `tl` behind `obj` (an Obj holding a T*): a new object of
+// obj's type, the same timeline for an instance whose emulated ranks enter at t0, nothing sent yet.
+template <class T, class Obj>
+PyObject* moved_to(PyObject* obj, T* tl, PyObject* const* args, Py_ssize_t n) {
   if (tl == nullptr) return nullptr;
   if (n != 1) {
     PyErr_SetString(PyExc_TypeError, "at(t0)");
     return nullptr;
   }
-  RingParams p = tl->params();
+  auto p = tl->params();
   p.t0 = PyFloat_AsDouble(args[0]);
   if (PyErr_Occurred()) return nullptr;
-  PyObject* out = RingType.tp_alloc(&RingType, 0);
+  PyObject* out = Py_TYPE(obj)->tp_alloc(Py_TYPE(obj), 0);
   if (out == nullptr) return nullptr;
-  auto* made = new (std::nothrow) RingTimeline(std::move(p));
+  auto* made = new (std::nothrow) T(std::move(p));
   if (made == nullptr) {
     Py_DECREF(out);
     return PyErr_NoMemory();
   }
-  reinterpret_cast<RingObject*>(out)->tl = made;
+  reinterpret_cast<Obj*>(out)->tl = made;
   return out;
+}
+
+PyObject* ring_at(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
+  return moved_to<RingTimeline, RingObject>(obj, timeline_of(obj), args, n);
 }
 
 PyMethodDef ring_methods[] = {
@@ -338,22 +343,7 @@ PyObject* wrapped_boundary_cost(PyObject* obj, PyObject* const* args, Py_ssize_t
 
 template <class T>
 PyObject* wrapped_at(PyObject* obj, PyObject* const* args, Py_ssize_t n) {
-  T* tl = wrapped_of<T>(obj);
-  if (tl == nullptr) return nullptr;
-  if (n != 1) {
-    PyErr_SetString(PyExc_TypeError, "at(t0)");
-    return nullptr;
-  }
-  auto p = tl->params();
-  p.t0 = PyFloat_AsDouble(args[0]);
-  if (PyErr_Occurred()) return nullptr;
-  PyObject* out = Py_TYPE(obj)->tp_alloc(Py_TYPE(obj), 0);
-  if (out == nullptr) return nullptr;
-  if (install(out, new (std::nothrow) T(std::move(p))) < 0) {
-    Py_DECREF(out);
-    return nullptr;
-  }
-  return out;
+  return moved_to<T, Wrapped<T>>(obj, wrapped_of<T>(obj), args, n);
 }
 
 PyCFunction fast(PyObject* (*fn)(PyObject*, PyObject* const*, Py_ssize_t)) {
