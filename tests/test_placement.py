@@ -9,10 +9,13 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
+from neuronabox.fidelity.testbed import Host, Loopback, Placement
+from neuronabox.launcher.controller_proc import BUSY_POLL_S, busy_poll_s
 from neuronabox.launcher.cores import CorePlan, plan_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,22 +23,23 @@ ROOT = Path(__file__).resolve().parents[1]
 # The run's own controller is its launcher's child, as the rank's agent is: other runs'
 # controllers may be live beside it.
 AFFINITY = """
-import os, pathlib, torch, torch.distributed as dist
+import json, os, pathlib, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 mine = sorted(os.sched_getaffinity(0))
 def parent(pid):
     return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 launcher = parent(os.getppid())
-ctl = []
+ctl, polls = [], []
 for proc in pathlib.Path("/proc").iterdir():
     try:
-        if (proc.name.isdigit() and b"neuronabox.controller.main" in (proc / "cmdline").read_bytes()
-                and parent(int(proc.name)) == launcher):
+        cmd = (proc / "cmdline").read_bytes()
+        if proc.name.isdigit() and b"neuronabox.controller.main" in cmd and parent(int(proc.name)) == launcher:
             ctl.append(sorted(os.sched_getaffinity(int(proc.name))))
+            polls.append(json.loads(pathlib.Path(cmd.split(b"\\0")[-2].decode()).read_text())["busy_poll_s"])
     except OSError:
         pass
 dist.all_reduce(torch.ones(4))
-print(f"rank {dist.get_rank()} affinity {mine} controllers {ctl}", flush=True)
+print(f"rank {dist.get_rank()} affinity {mine} controllers {ctl} polls {polls}", flush=True)
 os._exit(0)
 """
 
@@ -50,12 +54,13 @@ def launch(tmp_path: Path, cores: list[int], *flags: str) -> subprocess.Complete
     return out
 
 
-def reported(out: subprocess.CompletedProcess) -> tuple[list[int], list[list[int]]]:
-    m = re.search(r"rank 0 affinity \[([0-9, ]*)\] controllers \[(.*)\]", out.stdout)
+def reported(out: subprocess.CompletedProcess) -> tuple[list[int], list[list[int]], list[float]]:
+    """The real rank's cores, its controller's, and how long that controller polls after a pair event."""
+    m = re.search(r"rank 0 affinity \[([0-9, ]*)\] controllers \[(.*)\] polls \[(.*)\]", out.stdout)
     assert m, out.stdout
     mine = [int(c) for c in m.group(1).split(",")]
     ctls = [[int(c) for c in g.split(",")] for g in re.findall(r"\[([0-9, ]+)\]", m.group(2))]
-    return mine, ctls
+    return mine, ctls, [float(p) for p in m.group(3).split(",")]
 
 
 def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own(tmp_path):
@@ -64,16 +69,18 @@ def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own
         pytest.skip("needs two cores")
     out = launch(tmp_path, cores)
     assert f"placed: real node 0 on core {cores[0]}, the controller on core {cores[1]}" in out.stdout
-    mine, ctls = reported(out)
+    mine, ctls, polls = reported(out)
     assert mine == [cores[0]] and ctls == [[cores[1]]], out.stdout
+    assert polls == [BUSY_POLL_S], out.stdout  # a core of its own: the loop polls while its sockets are busy
 
 
 def test_placement_off_pins_nothing(tmp_path):
     cores = sorted(os.sched_getaffinity(0))[:2]
     out = launch(tmp_path, cores, "--placement", "off")
     assert "placed" not in out.stdout
-    mine, ctls = reported(out)
+    mine, ctls, polls = reported(out)
     assert mine == cores and ctls == [cores]
+    assert polls == [0.0]  # it may share the real rank's core: it sleeps
 
 
 def test_the_plan_gives_each_real_rank_a_core_in_order_and_the_controller_the_next():
@@ -83,3 +90,17 @@ def test_the_plan_gives_each_real_rank_a_core_in_order_and_the_controller_the_ne
                     "(--placement off to not pin)")  # fmt: skip
     assert plan_cores({0: 2}, [0, 1]) == (None, "not placed: 2 real ranks and the controller need 3 cores, "
                                           "this machine gives 2: the timings include their sharing")  # fmt: skip
+
+
+def test_a_placement_file_gives_a_polling_controller_only_a_core_no_real_node_may_use():
+    def polls(nodes: dict[int, Host], controller: Host) -> float:
+        job = types.SimpleNamespace(cores=None, placement=Placement(nodes, controller))
+        return busy_poll_s(job)  # type: ignore[arg-type]
+
+    loopback = Loopback(2, 1, [0], cores=2).emulated([0])  # validate's: every host on a core of its own
+    assert polls(loopback.nodes, loopback.controller) == BUSY_POLL_S
+    node = Host("node0", "127.0.0.1", cpus=[0])
+    assert polls({0: node}, Host("ctl", "127.0.0.2", cpus=[0])) == 0.0  # the real node's core
+    assert polls({0: node}, Host("ctl", "127.0.0.2")) == 0.0  # anywhere
+    assert polls({0: Host("node0", "127.0.0.1")}, Host("ctl", "127.0.0.2", cpus=[1])) == 0.0  # the node may go there
+    assert polls({0: node}, Host("ctl", "127.0.0.2", cpus=[1], cgroup="/q")) == 0.0  # a CPU share (netns)

@@ -203,6 +203,7 @@ struct CoreObject {
   PyObject* emit;     // emit(conn): frames queued on a pair with no socket
   PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (wait)
   int pyfd;  // Python's own epoll, in ours (also())
+  double busy_at;  // monotonic: the loop's last pair event or release (wait's busy window)
   CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
 };
 
@@ -608,6 +609,7 @@ PyObject* core_also(PyObject* obj, PyObject* arg) {
 
 constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this close to a timer, then poll
 constexpr int kMaxEvents = 64;
+constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
 
 // One pair socket's readiness, served natively; what Python must see goes into `out`.
 bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
@@ -664,36 +666,48 @@ bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
   return ok;
 }
 
-// wait(until) -> ([(conn, events | None)], python): serve the pair sockets and the
-// native timers until Python has something to do: events no book took (None: the
-// socket closed), its own epoll readable, or `until` (monotonic) reached.
+// wait(until, idle=False, busy=0) -> ([(conn, events | None)], python): serve the pair
+// sockets and the native timers until Python has something to do: events no book took
+// (None: the socket closed), its own epoll readable, or `until` (monotonic) reached; and,
+// when Python has idle work (`idle`, or books started natively to adopt), once nothing is
+// ready. `busy` (s): for this long after the last pair event or release, the loop polls
+// rather than sleeps and puts Python's idle work off. A sleeping loop wakes up late, and
+// Python's turn, once begun, makes a frame that comes meanwhile wait: in the short gaps
+// between one collective's frames either would be the emulator's lag. Only for a loop with
+// a core of its own (the launcher's placement). kStartedMax started books are adopted at once.
+int wait_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
+  int n;
+  Py_BEGIN_ALLOW_THREADS
+  n = ::epoll_wait(self->ep, evs, kMaxEvents,
+                   timeout_s > kSpinS ? static_cast<int>(std::ceil(std::min(timeout_s - kSpinS, 0.5) * 1e3)) : 0);
+  Py_END_ALLOW_THREADS
+  return n;
+}
+
 PyObject* core_wait(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  double until;
-  int poll_once = 0;
-  if (!PyArg_ParseTuple(args, "d|p", &until, &poll_once) || !ensure_epoll(self)) return nullptr;
+  double until, busy = 0.0;
+  int idle = 0;
+  if (!PyArg_ParseTuple(args, "d|pd", &until, &idle, &busy) || !ensure_epoll(self)) return nullptr;
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;
   bool python = false;
   struct epoll_event evs[kMaxEvents];
   for (;;) {
-    const double now = monotonic();
-    if (run_timers(self, now) < 0) {
+    double now = monotonic();
+    const long ran = run_timers(self, now);
+    if (ran < 0) {
       Py_DECREF(out);
       return nullptr;
     }
+    if (ran > 0) self->busy_at = now;
     if (python || PyList_GET_SIZE(out) > 0 || now >= until) break;
+    const bool polling = now < self->busy_at + busy;
+    const bool idle_due = (idle != 0 || !self->started->empty()) &&
+                          (!polling || self->started->size() >= kStartedMax);
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
-    const double wait = next - monotonic();
-    // Books started natively wait for Python's adoption at the loop's next idle turn, as its own idle work does.
-    const bool idle_return = poll_once != 0 || !self->started->empty();
-    const int ms =
-        !idle_return && wait > kSpinS ? static_cast<int>(std::ceil(std::min(wait - kSpinS, 0.5) * 1e3)) : 0;
-    int n;
-    Py_BEGIN_ALLOW_THREADS
-    n = ::epoll_wait(self->ep, evs, kMaxEvents, ms);
-    Py_END_ALLOW_THREADS
+    const int n = wait_events(self, evs, idle_due || polling ? 0.0 : next - now);
     if (n < 0) {
       if (errno == EINTR) {
         if (PyErr_CheckSignals() != 0) {
@@ -705,15 +719,22 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
       Py_DECREF(out);
       return PyErr_SetFromErrno(PyExc_OSError);
     }
+    if (n == 0 && PyErr_CheckSignals() != 0) {  // a polling loop sees no EINTR
+      Py_DECREF(out);
+      return nullptr;
+    }
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == self->pyfd) {
         python = true;
-      } else if (!serve(self, evs[i].data.fd, evs[i].events, out)) {
+        continue;
+      }
+      self->busy_at = monotonic();
+      if (!serve(self, evs[i].data.fd, evs[i].events, out)) {
         Py_DECREF(out);
         return nullptr;
       }
     }
-    if (idle_return && n == 0) break;  // nothing ready: Python has work put off for an idle loop
+    if (idle_due && n == 0) break;  // nothing ready: Python has work put off for an idle loop
   }
   PyObject* result = Py_BuildValue("(OO)", out, python ? Py_True : Py_False);
   Py_DECREF(out);
@@ -831,9 +852,10 @@ PyMethodDef core_methods[] = {
      "write_wanted(fd) -> bool: frames wait for the watched socket; the loop writes them when it can."},
     {"also", core_also, METH_O, "also(fd): Python's own epoll; wait() returns when it is readable."},
     {"wait", core_wait, METH_VARARGS,
-     "wait(until, poll_once=False) -> ([(conn, events | None)], python): run the pair sockets and native timers "
-     "natively until Python has events, its own epoll is readable, or `until` (monotonic seconds); with poll_once, "
-     "also as soon as nothing is ready (Python has idle work)."},
+     "wait(until, idle=False, busy=0.0) -> ([(conn, events | None)], python): run the pair sockets and native "
+     "timers natively until Python has events, its own epoll is readable, or `until` (monotonic seconds); when "
+     "Python has idle work (idle, or books started natively), also once nothing is ready. For `busy` s after a "
+     "pair event or release the loop polls, and idle work waits."},
     {nullptr, nullptr, 0, nullptr},
 };
 
