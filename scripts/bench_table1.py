@@ -9,9 +9,11 @@ the per-run medians, their range, and the overhead of the emulated median; then
 the same for each run's best repetition (the median over runs of the minimum),
 which leaves out the scheduler-tick stalls this VM adds to any wake-up, all-real
 or emulated (docs/fidelity.md, "Tick stalls").
-With --python-starts a third run joins the rotation: the emulated side with every
-book started from Python (NEURONABOX_NATIVE_START=0), the native starts' reference.
-Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts]
+Each reference flag adds a run to the rotation, the emulated side with one part off:
+--python-starts starts every book from Python (NEURONABOX_NATIVE_START=0), and
+--sleeping-loop lets the controller's loop sleep between frames (NEURONABOX_BUSY_POLL=0)
+rather than poll on its core of its own.
+Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
 """
 
 from __future__ import annotations
@@ -74,8 +76,14 @@ def all_real(nbytes: int) -> dict:
     return result(outs[0][0])
 
 
-def emulated(nbytes: int, placement: Path, native_starts: bool = True) -> dict:
-    env = dict(os.environ, NEURONABOX_NATIVE_START="1" if native_starts else "0")
+REFERENCES = {  # flag -> (column, the environment that turns its part off)
+    "python_starts": ("Python starts", {"NEURONABOX_NATIVE_START": "0"}),
+    "sleeping_loop": ("sleeping loop", {"NEURONABOX_BUSY_POLL": "0"}),
+}
+
+
+def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None) -> dict:
+    env = dict(os.environ, **(off or {}))
     cmd = [
         sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
         "--placement", str(placement), *worker_args(nbytes),
@@ -94,28 +102,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sizes", default=SIZES)
-    ap.add_argument(
-        "--python-starts",
-        action="store_true",
-        help="also run the emulated side with every book started from Python (NEURONABOX_NATIVE_START=0)",
-    )
+    ap.add_argument("--python-starts", action="store_true", help="also run with every book started from Python")
+    ap.add_argument("--sleeping-loop", action="store_true", help="also run with the controller's loop sleeping")
     args = ap.parse_args()
+    refs = [name for name in REFERENCES if getattr(args, name)]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         for nbytes in sizes:
-            runs: dict[str, list[dict]] = {"real": [], "emu": [], "python": []}
+            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs)}
             order = [("real", all_real), ("emu", lambda n: emulated(n, placement))]
-            if args.python_starts:
-                order.append(("python", lambda n: emulated(n, placement, native_starts=False)))
+            order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1])) for r in refs]
             for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
                 turn = rep % len(order)
                 for mode, run in order[turn:] + order[:turn]:
                     runs[mode].append(run(nbytes))
             for kind in KINDS.split(","):
-                rows.append((kind, nbytes, *([r[kind] for r in runs[m]] for m in ("real", "emu", "python"))))
+                rows.append((kind, nbytes, {m: [r[kind] for r in rs] for m, rs in runs.items()}))
             print(f"  done {label(nbytes)}", file=sys.stderr, flush=True)
 
     def ms(xs: list[float]) -> str:
@@ -125,16 +130,16 @@ def main() -> None:
         return f"{(statistics.median(e) / statistics.median(a) - 1) * 100:+.1f}%"
 
     head = "all-real ms (range) | emulated ms (range) | overhead | best rep all-real / emulated ms | overhead"
-    extra = " best rep, Python starts ms | overhead |" if args.python_starts else ""
+    extra = "".join(f" best rep, {REFERENCES[r][0]} ms | overhead |" for r in refs)
     print(f"| collective | size | {head} |{extra}")
-    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.python_starts else ""))
-    for kind, nbytes, real, emu, python in sorted(rows, key=lambda r: (r[0], r[1])):
-        a, e = [r["median_s"] for r in real], [r["median_s"] for r in emu]
-        ba, be = [r["min_s"] for r in real], [r["min_s"] for r in emu]
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(refs))
+    for kind, nbytes, got in sorted(rows, key=lambda r: (r[0], r[1])):
+        a, e = [r["median_s"] for r in got["real"]], [r["median_s"] for r in got["emu"]]
+        ba, be = [r["min_s"] for r in got["real"]], [r["min_s"] for r in got["emu"]]
         best = f"{statistics.median(ba) * 1e3:.3f} / {statistics.median(be) * 1e3:.3f}"
         line = f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {over(a, e)} | {best} | {over(ba, be)} |"
-        if python:
-            bp = [r["min_s"] for r in python]
+        for r in refs:
+            bp = [x["min_s"] for x in got[r]]
             line += f" {statistics.median(bp) * 1e3:.3f} | {over(ba, bp)} |"
         print(line)
 
