@@ -1,7 +1,7 @@
 """What-if resolution: does an injected latency move the real rank's time by that much?
 
     python scripts/bench_whatif_resolution.py [--runs 5] [--nnodes 16] [--bytes 1048576] [--reps 12]
-        [--warmup 10] [--local-work measured,topology]
+        [--warmup 10] [--local-work measured,topology] [--within-run [--windows 8]]
 
 Per amount (+2 ms and +0.5 ms, `latency=+X,per=collective,op=allreduce`), per
 `--local-work` setting and per run: one run without the what-if and one with it,
@@ -10,12 +10,22 @@ real rank 0 of `--nnodes` nodes after `--warmup` more (scripts/collective_loop.p
 measured local work is first charged after 8 ring collectives). The run's figure is the
 median allreduce time; the shift is the with-run's median less the without-run's. Prints
 a markdown table: each run's shift, and whether it is within 10% of the amount.
+
+--within-run compares inside each run instead: one live run per amount and setting
+loops the allreduce, and the script turns the what-if on and off through the run's
+control service (`Inject`, as `neuronabox inject` does) `--windows` times each, `--reps`
+repetitions a window after 5 more that let the change land. The run's shift is the
+median of the with-windows' medians less that of the without-windows'. Two runs differ
+in what they measured of the real rank's own work (the charge emulated ranks pay under
+`--local-work measured`) and in which phase of this VM's scheduler-tick stalls they met;
+windows of one run share both, so the shift is the what-if's alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +45,40 @@ def median_ms(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str,
     return json.loads(line[7:])["allreduce"]["median_s"] * 1e3
 
 
+def live_shift(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str, spec: str, windows: int) -> tuple:
+    """One live run, the what-if toggled: (without windows' median, with windows' median) in ms."""
+    from neuronabox.controller import control_pb2
+    from neuronabox.controller.service import connect
+
+    from neuronabox.cli.status import token_for
+    from neuronabox.launcher.registry import RUNS_DIR
+
+    cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", str(nnodes), "--local-work", local_work]
+    cmd += [LOOP, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", "1000000", "--warmup", "0", "--announce"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+    try:
+        reps_out = (float(ln.split()[2]) * 1e3 for ln in proc.stdout if ln.startswith("REP "))
+        take = lambda n: [next(reps_out) for _ in range(n)]  # noqa: E731
+        take(warmup)  # the run's start (and the local work's first fit, after 8 ring collectives)
+        entry = RUNS_DIR / f"{proc.pid}.json"
+        address = json.loads(entry.read_text())["control"]
+        stub = connect(address, timeout=3, token=token_for(address))
+        got: dict[bool, list[float]] = {False: [], True: []}
+        for w in range(2 * windows):
+            on = w % 2 == 1
+            stub.Inject(control_pb2.InjectRequest(specs=[spec] if on else [], clear=not on), timeout=5)
+            take(5)  # the repetition in flight, and the inject's own load
+            got[on].append(statistics.median(take(reps)))
+        return statistics.median(got[False]), statistics.median(got[True])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5)
@@ -43,6 +87,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--local-work", default="measured,topology")
+    p.add_argument("--within-run", action="store_true", help="toggle the what-if inside each run")
+    p.add_argument("--windows", type=int, default=8, help="--within-run: windows with it, and as many without")
     ns = p.parse_args()
     print("| injected | --local-work | run | without (ms) | with (ms) | shift (ms) | within 10% |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | :---: |")
@@ -50,8 +96,12 @@ def main() -> None:
         spec = f"latency=+{amount:g}ms,per=collective,op=allreduce"
         for run in range(ns.runs):
             for work in ns.local_work.split(","):  # the settings interleaved too
-                order = (None, spec) if run % 2 == 0 else (spec, None)
-                got = {s: median_ms(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, s) for s in order}
+                if ns.within_run:
+                    without, with_ = live_shift(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, spec, ns.windows)
+                    got = {None: without, spec: with_}
+                else:
+                    order = (None, spec) if run % 2 == 0 else (spec, None)
+                    got = {s: median_ms(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, s) for s in order}
                 shift = got[spec] - got[None]
                 ok = abs(shift - amount) <= 0.1 * amount
                 cells = f"{got[None]:.3f} | {got[spec]:.3f} | {shift:+.3f} | {'yes' if ok else 'no'}"
