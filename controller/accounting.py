@@ -4,7 +4,6 @@ What is left to cross is the book's (controller/native/book.h)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from neuronabox.schedules import Kind
@@ -26,8 +25,9 @@ class Accounting:
             self.rank_times[real] = [now, now]
 
     def record(
-        self, group: str, tag: int, kind: Kind, nbytes: int, geometry: str, end: float, predicted: float
+        self, group: str, tag: int, kind: Kind, nbytes: int, geometry: str, end: float, predicted: float, cpu: float
     ) -> InstanceRecord:
+        """`cpu`: the loop's CPU seconds at work so far (`Engine.loop_cpu`)."""
         return InstanceRecord(
             group,
             tag,
@@ -38,6 +38,6 @@ class Accounting:
             end,
             {r: (a, b) for r, (a, b) in self.rank_times.items()},
             geometry,
-            time.thread_time(),
+            cpu,
             predicted,
         )

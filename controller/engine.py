@@ -324,7 +324,8 @@ class Instance:
             timing.observe(self.kind, self.schedule, self.turnarounds)
 
     def record(self, end: float) -> InstanceRecord:
-        rec = self.account.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted)
+        acc, cpu = self.account, self.engine.loop_cpu()
+        rec = acc.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted, cpu)
         rec.world, rec.ranks = self.group.world, list(self.group.ranks)
         rec.root = getattr(self.schedule, "root", None)
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
@@ -414,7 +415,7 @@ class Engine:
         self.defer_records = defer_records
         self.native_start = native_start and getattr(dialect, "slot_pattern", None) is not None
         self.finished: deque[tuple[Instance, float]] = deque()  # completed, record not yet out: (instance, end)
-        self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock)
+        self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock, self.loop_cpu)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
         self.starters = Starters(self.core, dialect, self.conn_of)  # native starts (controller/starts.py)
 
@@ -516,6 +517,11 @@ class Engine:
             if not book.adopt(inst):  # it completed before this turn
                 inst.book_done(book.done_at)
         self.starters.keep_if(self.start_basis())  # a what-if came, or the local work was refitted
+
+    def loop_cpu(self) -> float:
+        """The loop thread's CPU seconds at work: its CPU less the polls of its busy window
+        that found nothing (a controller on a core of its own polls rather than sleeps)."""
+        return time.thread_time() - self.core.polled()
 
     def start_basis(self) -> tuple:
         """What a native start's timeline depends on besides its shape and entry: the what-if

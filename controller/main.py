@@ -140,6 +140,7 @@ class Controller:
             log=self.log,
             clock=time.monotonic,
             started=self.t0,
+            cpu=lambda: time.process_time() - engine.core.polled(),  # the busy window's polls are no work
         )
 
     def _make_engine(self, driver: GlooDriver) -> Engine:

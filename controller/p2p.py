@@ -36,9 +36,11 @@ class PointToPoint:
         timing: ReleaseTiming | None,
         call_at: Callable[[float, Callable[[], None]], None] | None,
         clock: Callable[[], float],
+        cpu: Callable[[], float] = time.thread_time,
     ) -> None:
+        """`cpu`: the loop's CPU seconds at work (each record's `loop_cpu`)."""
         self.emit, self.conn_of, self.publish = emit, conn_of, publish
-        self.timing, self.call_at, self.clock = timing, call_at, clock
+        self.timing, self.call_at, self.clock, self.cpu = timing, call_at, clock, cpu
         self.pending: dict[tuple[Conn, int], deque[tuple[int, float]]] = {}  # real sends awaiting data
         self.announced: dict[tuple[Conn, int], int] = {}  # our send notices awaiting a receive
         self.any_turn: dict[tuple[str, int, int], int] = {}  # (group, real, tag) -> receives answered
@@ -116,7 +118,7 @@ class PointToPoint:
         src, dst = (conn.real, conn.emu) if kind == Kind.SEND else (conn.emu, conn.real)
         self.publish(InstanceRecord(
             conn.group.name, slot, kind, n, 1, start, end, {conn.real: (start, end)},
-            f"{src}->{dst}", time.thread_time(), predicted,
+            f"{src}->{dst}", self.cpu(), predicted,
         ))  # fmt: skip
 
     def pending_summary(self) -> list[str]:

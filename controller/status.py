@@ -41,7 +41,9 @@ class StatusService:
         log: Callable[[str], None],
         clock: Callable[[], float],
         started: float,
+        cpu: Callable[[], float] = time.process_time,
     ) -> None:
+        """`cpu`: the controller's CPU seconds at work (less its loop's empty polls)."""
         self.cfg = cfg
         self.lifecycle = lifecycle
         self.totals = totals
@@ -52,6 +54,7 @@ class StatusService:
         self.log = log
         self.clock = clock
         self.started = started
+        self.cpu = cpu
         self.finished = threading.Event()  # the loop has stopped and the state is final
         self._stop_asked = False
         self._reply_done = threading.Event()  # the Shutdown call's final status is out
@@ -85,7 +88,7 @@ class StatusService:
             pending=self.pending(),
             error=self.lifecycle.error,
             uptime_s=self.clock() - self.started,
-            cpu_s=time.process_time(),
+            cpu_s=self.cpu(),
             steps=steps,
             iteration_s=iteration,
         )

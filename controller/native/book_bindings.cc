@@ -204,6 +204,7 @@ struct CoreObject {
   PyObject* call_at;  // call_at(when, book, pair) or None: timers run natively (wait)
   int pyfd;  // Python's own epoll, in ours (also())
   double busy_at;  // monotonic: the loop's last pair event or release (wait's busy window)
+  double polled_s;  // the loop's time in its busy window's polls that found nothing (polled())
   CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
 };
 
@@ -707,7 +708,9 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
                           (!polling || self->started->size() >= kStartedMax);
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
+    const double asked = polling && !idle_due ? monotonic() : 0.0;
     const int n = wait_events(self, evs, idle_due || polling ? 0.0 : next - now);
+    if (asked != 0.0 && n == 0) self->polled_s += monotonic() - asked;
     if (n < 0) {
       if (errno == EINTR) {
         if (PyErr_CheckSignals() != 0) {
@@ -812,6 +815,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* core_polled(PyObject* obj, PyObject*) {
+  return PyFloat_FromDouble(reinterpret_cast<CoreObject*>(obj)->polled_s);
+}
+
 PyObject* core_clear_starters(PyObject* obj, PyObject*) {
   drop_starters(reinterpret_cast<CoreObject*>(obj));
   Py_RETURN_NONE;
@@ -844,6 +851,8 @@ PyMethodDef core_methods[] = {
      "timeline.at(now + entry_delay) (None: untimed), `program` loaded, `conns` (one per program pair; `index` is "
      "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
     {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
+    {"polled", core_polled, METH_NOARGS,
+     "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
     {"take_started", core_take_started, METH_NOARGS,
      "take_started() -> [(token, book)] (or ()): the books started natively since the last call (their owner is None)."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
