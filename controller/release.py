@@ -21,7 +21,7 @@ from neuronabox.schedules.gloo import RealRanks, Schedule
 from neuronabox.schedules.timing import Timeline, timeline_for
 
 from .skew import Skew
-from .work_meter import Sample, WorkMeter, trimmed_mean
+from .work_meter import Sample, WorkMeter, moved, trimmed_mean
 
 LATENESS_SAMPLES = 200_000
 MEASURED_KINDS = (Kind.ALLREDUCE, Kind.ALLGATHER, Kind.REDUCE)  # rings: a real rank's send follows its receive
@@ -133,7 +133,7 @@ class ReleaseTiming:
             return
         reduced = schedule.edge_work(HostWork(reduce_bandwidth=1.0)) / messages  # bytes reduced per message
         fitted = self.meter.add(Sample(1.0, reduced, trimmed_mean(turnarounds), len(turnarounds)))
-        if fitted is not None:
+        if fitted is not None and moved(self.work, fitted):
             self.work = fitted  # instances that start from now on charge it
 
     def work_at(self, group: str, tag: int) -> HostWork:

@@ -32,6 +32,7 @@ FIRST_FIT = 8  # samples before the first charge
 REFIT_EVERY = 16  # new samples between fits
 TURNS_FOR_A_FIT = 256  # ...or this many turnarounds in at least 2 new samples (a large world's few instances)
 MIN_PER_SHAPE = 3  # a shape's median needs this many samples to count in the fit
+REFIT_MOVES = 0.02  # a refit that moves neither term by more than this keeps the charge (`moved`)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,15 @@ class WorkMeter:
         self._since_fit = self._turns_since_fit = 0
         self.work = fit(self._samples)
         return self.work
+
+
+def moved(charged: HostWork, fitted: HostWork) -> bool:
+    """Whether a refit changes the charge: either term by more than REFIT_MOVES of the
+    larger. A new charge reprices every later instance and drops the native starters
+    (docs/architecture.md, "Native starts"), so a refit within the fit's own noise keeps
+    the old one: a steady job keeps one charge, and its what-if windows compare alike."""
+    pairs = ((charged.message, fitted.message), (charged.reduce_per_byte, fitted.reduce_per_byte))
+    return any(abs(a - b) > REFIT_MOVES * max(a, b) for a, b in pairs)
 
 
 def fit(samples) -> HostWork:

@@ -7,12 +7,15 @@ import pytest
 from neuronabox.controller.work_meter import (
     FIRST_FIT,
     REFIT_EVERY,
+    REFIT_MOVES,
     SAMPLES_KEPT,
     Sample,
     WorkMeter,
     fit,
+    moved,
     trimmed_mean,
 )
+from neuronabox.topology import HostWork
 
 MSG, PER_BYTE = 80e-6, 1 / 2e9  # 80 us per message, reducing at 2 GB/s
 SHAPES = ((2.0, 0.0), (2.0, 4096.0), (2.0, 65536.0))  # an allgather's edge, two allreduces'
@@ -74,3 +77,17 @@ def test_a_large_world_fits_after_its_first_few_instances():
     meter = WorkMeter()
     assert meter.add(Sample(1.0, 0.0, 40e-6, turns=1022)) is None  # one instance: never alone
     assert meter.add(Sample(1.0, 0.0, 40e-6, turns=1022)).message == pytest.approx(40e-6)
+
+
+def test_a_refit_within_the_noise_keeps_the_charge():
+    """A new charge reprices later instances and drops the native starters: only a refit
+    that moves a term by more than REFIT_MOVES of the larger replaces it."""
+    charged = HostWork(message=MSG, reduce_bandwidth=1 / PER_BYTE)
+    assert moved(HostWork(), charged)  # the first fit is always taken
+    assert not moved(HostWork(), HostWork())
+    near = 1 + REFIT_MOVES / 2
+    assert not moved(charged, HostWork(message=MSG * near, reduce_bandwidth=1 / (PER_BYTE * near)))
+    far = 1 + REFIT_MOVES * 2
+    assert moved(charged, HostWork(message=MSG * far, reduce_bandwidth=1 / PER_BYTE))
+    assert moved(charged, HostWork(message=MSG, reduce_bandwidth=1 / (PER_BYTE * far)))
+    assert moved(charged, HostWork(message=MSG))  # reducing became free
