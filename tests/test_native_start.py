@@ -30,7 +30,11 @@ def traced(tmp_path, name: str, native: bool, *argv: str) -> tuple[list[dict], d
 
 def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
     # Untimed releases (the zero model): a timed one needs the instance's own timeline.
-    argv = ("--nnodes", "4", "--real-nodes", "0,2", "--delay-model", "zero", COLLECTIVES, "--repeat", "3",
+    # Five repetitions: an instance's first frame is either real rank's first notice, a
+    # send's or a receive's, so at most four first frames per collective and size, and of
+    # five instances one must come on a pair and slot where an earlier one's came (three
+    # once gave no native barrier on CI).
+    argv = ("--nnodes", "4", "--real-nodes", "0,2", "--delay-model", "zero", COLLECTIVES, "--repeat", "5",
             "--sizes", "7,1024,33000", "--dtypes", "float32,int64")  # fmt: skip
     native, native_end = traced(tmp_path, "native", True, *argv)
     python, python_end = traced(tmp_path, "python", False, *argv)
@@ -43,7 +47,7 @@ def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
     # A ring allreduce's first notice settles it where its segments are long enough (the
     # observer is asked for the 7-element ones), and the script repeats its sizes: a later
     # repetition starts natively when its first frame comes on a pair where a Python start's
-    # first frame came (either real rank's may come first).
+    # first frame came (either real rank's may come first; five repetitions make one).
     allreduces = Counter(i["nbytes"] for i in started if i["kind"] == "allreduce")
     assert allreduces and set(allreduces) <= {1024 * 4, 1024 * 8, 33000 * 4, 33000 * 8}, allreduces
     assert Counter(i["kind"] for i in started)["barrier"] >= 1
