@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -94,9 +93,10 @@ def test_the_plan_gives_each_real_rank_a_core_in_order_and_the_controller_the_ne
 
 def test_a_placement_file_gives_a_polling_controller_only_a_core_no_real_node_may_use():
     def polls(nodes: dict[int, Host], controller: Host) -> float:
-        job = types.SimpleNamespace(cores=None, placement=Placement(nodes, controller))
-        return busy_poll_s(job)  # type: ignore[arg-type]
+        return busy_poll_s(None, Placement(nodes, controller))
 
+    assert busy_poll_s(CorePlan({0: (0,)}, (1,)), None) == BUSY_POLL_S  # the launcher's own plan
+    assert busy_poll_s(None, None) == 0.0  # --placement off, or too few cores
     loopback = Loopback(2, 1, [0], cores=2).emulated([0])  # validate's: every host on a core of its own
     assert polls(loopback.nodes, loopback.controller) == BUSY_POLL_S
     node = Host("node0", "127.0.0.1", cpus=[0])

@@ -695,7 +695,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
   bool python = false;
   struct epoll_event evs[kMaxEvents];
   for (;;) {
-    double now = monotonic();
+    const double now = monotonic();
     const long ran = run_timers(self, now);
     if (ran < 0) {
       Py_DECREF(out);

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from neuronabox.controller.config import ControllerConfig
 from neuronabox.controller.net import OBSERVER_BACKLOG, listener
-from neuronabox.launcher.cores import pin
+from neuronabox.fidelity.testbed import Placement
+from neuronabox.launcher.cores import CorePlan, pin
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.reaping import die_with_parent
 from neuronabox.limits import read_tail
@@ -20,17 +21,18 @@ from neuronabox.limits import read_tail
 BUSY_POLL_S = 300e-6  # a controller on a core of its own polls this long after each pair event
 
 
-def busy_poll_s(job: Job) -> float:
+def busy_poll_s(cores: CorePlan | None, placement: Placement | None) -> float:
     """How long the controller's loop polls after a pair event. Polling answers a frame
     without a wake-up and keeps the loop's Python turns out of one collective's short gaps
-    (at W = 2 a 1 KiB allreduce's best repetition went from +19% over all-real to -3%), but
-    it spends its core: only for a controller with a core of its own, which no real rank
-    shares (the launcher's placement, or a testbed's that pins every host)."""
-    if job.cores is not None:
+    (at W = 2 the allreduce's best repetitions below 1 MiB went from +12% to +23% over
+    all-real to -11% to +1%), but it spends its core: only for a controller with a core of
+    its own, which no real rank shares (the launcher's plan `cores`, or a testbed's
+    `placement` that pins every host)."""
+    if cores is not None:
         return BUSY_POLL_S
-    if job.placement is None:
+    if placement is None:
         return 0.0
-    ctl, nodes = job.placement.controller, job.placement.nodes.values()
+    ctl, nodes = placement.controller, placement.nodes.values()
     taken = {c for h in nodes for c in h.cpus or ()}
     alone = bool(ctl.cpus) and ctl.cgroup is None and all(h.cpus for h in nodes) and not taken & set(ctl.cpus)
     return BUSY_POLL_S if alone else 0.0
@@ -67,7 +69,7 @@ def controller_config(job: Job, run_dir: Path, trace: str, nccl_profile: str, me
         nccl_channels=job.nccl.channels if job.nccl else 1,
         nccl_profile=nccl_profile if job.nccl else "",
         member_link=member_link,
-        busy_poll_s=busy_poll_s(job),
+        busy_poll_s=busy_poll_s(job.cores, job.placement),
     )
 
 
