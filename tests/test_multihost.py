@@ -92,7 +92,11 @@ class Launcher:
             self.proc.stdout.close()
 
     def error(self) -> str:
-        lines = [ln for ln in self.text().splitlines() if ln.startswith("neuronabox: error:")]
+        """The launcher's last error line. Its torchrun agent shares the stream, and an agent
+        stopped mid-line (its store gone) leaves that line unended: the error line then
+        follows it on the same line (CI once read `...^^^^neuronabox: error: ...`)."""
+        marker = "neuronabox: error:"
+        lines = [ln[ln.index(marker) :] for ln in self.text().splitlines() if marker in ln]
         return lines[-1] if lines else ""
 
 
