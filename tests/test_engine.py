@@ -338,6 +338,41 @@ def test_held_first_frames_that_no_starter_completes_go_to_python_in_order():
     assert not side.engine.instances and not side.engine.core.take_started()
 
 
+def test_a_slot_python_has_a_frame_of_never_starts_natively():
+    """The loop serves every ready pair before Python's turn: a broadcast root's notice on
+    a pair with no starter goes to Python, and its notice on the starter's pair, read in the
+    same batch, must not start a second book for that slot in the core (its routes would
+    take the first pair's data, whose notice Python has). Python starts the instance, and
+    it completes with the root's bytes."""
+    world = 8
+    sched = BinomialBroadcast(world, 0, 4096)
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.BROADCAST, 3))
+    side.engine.native_start = True
+    side.start()
+    side.pump()
+    first = dict(side.got)
+    assert len(side.engine.starters) == 1  # on the pair of the root's first send
+    side.slot = make_slot(SlotPrefix.BROADCAST, 4)
+    side.sends, side.got, side.credits = {}, {}, {}
+    starter, *others = sched.sends(0)
+    batch = []
+    for m in (*others, starter):  # the starter's pair read last in the batch
+        key = (0, m.peer)
+        side.sends.setdefault(key, deque()).append(m)
+        side.mirror[key].send_ready(side.slot, m.nbytes)
+        conn = side.conns[key]
+        batch += [(conn, ev) for ev in conn.pair.receive(side.mirror[key].take())]
+    assert len(batch) == len(sched.sends(0))  # every notice went to Python, the starter's too
+    for conn, ev in batch:
+        side.engine.on_event(conn, ev)
+    side.pump()
+    side.engine.adopt_started()
+    assert [r.native for r in side.completed] == [False, False]
+    assert side.got == first and not side.engine.instances
+    again(side, 5, SlotPrefix.BROADCAST)  # the starter still starts the next one
+    assert [r.native for r in side.completed] == [False, False, True] and side.got == first
+
+
 def test_a_native_start_refuses_a_later_frame_its_shape_lacks():
     """A starter matches the first frame only; a frame the shape does not have later ends
     the run as the Python start's book would, naming the instance."""

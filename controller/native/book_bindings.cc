@@ -1586,6 +1586,32 @@ class HeldStarter {
   Starter st_;
 };
 
+// A frame no book takes goes to Python, and the pair remembers its slot.
+void hand_to_python(PairObject* po, gloo::Event&& ev, std::vector<gloo::Event>* rest) {
+  const uint32_t n = po->handed_n;
+  if (n == 0 || po->handed[(n - 1) % kHandedKept] != ev.slot) po->handed[po->handed_n++ % kHandedKept] = ev.slot;
+  rest->push_back(std::move(ev));
+}
+
+bool handed(const PairObject* po, uint64_t slot) {
+  const uint32_t kept = std::min(po->handed_n, kHandedKept);
+  return std::find(po->handed, po->handed + kept, slot) != po->handed + kept;
+}
+
+// Whether a frame of `slot` went to Python on a pair of `st`'s program: 1 yes, 0 no, -1
+// with a Python error set. The loop serves every ready pair before Python's turn, so one
+// pair's notice may wait for Python while another's matches a starter in the same batch.
+int python_has(const Starter& st, uint64_t slot) {
+  for (PyObject* conn : st.conns) {
+    PyObject* pair = PyObject_GetAttrString(conn, "pair");
+    if (pair == nullptr) return -1;
+    const bool mine = PyObject_TypeCheck(pair, &PairType) && handed(reinterpret_cast<PairObject*>(pair), slot);
+    Py_DECREF(pair);
+    if (mine) return 1;
+  }
+  return 0;
+}
+
 // Starts a book from `match` and feeds it `events` (its first frames, in order). False: a Python error is set.
 bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now) {
   const gloo::Event& ev = events.front();
@@ -1681,6 +1707,9 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
         same = st.frames[i].first == frame(i).kind && st.frames[i].second == frame(i).length;
       }
       if (!same) continue;
+      const int python = python_has(st, ev.slot);
+      if (python < 0) return -1;
+      if (python > 0) continue;  // Python owns the instance: its frames all go there
       if (st.frames.size() == n) {
         exact = &st;
         break;
@@ -1709,8 +1738,8 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
     return 1;
   }
   if (events.empty()) return 0;
-  for (gloo::Event& e : events) rest->push_back(std::move(e));
-  rest->push_back(std::move(ev));
+  for (gloo::Event& e : events) hand_to_python(po, std::move(e), rest);
+  hand_to_python(po, std::move(ev), rest);
   return 1;
 }
 
@@ -1730,7 +1759,7 @@ bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::ve
     if (found == nullptr) {
       const int started = po->starts != nullptr ? start_natively(po, ev, now, rest) : 0;
       if (started < 0) return false;
-      if (started == 0) rest->push_back(std::move(ev));
+      if (started == 0) hand_to_python(po, std::move(ev), rest);
       continue;
     }
     // The route may go while the book runs (it completes): nothing below reads it after.

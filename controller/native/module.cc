@@ -144,6 +144,7 @@ int pair_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;
   self->fd = -1;
+  self->handed_n = 0;
   if (self->routes == nullptr) self->routes = new (std::nothrow) std::vector<nbx::py::Route>();
   self->pair = new (std::nothrow) Pair(max_payload);
   if (self->pair == nullptr || self->routes == nullptr) {

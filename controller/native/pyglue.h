@@ -20,12 +20,19 @@ struct Route {
   size_t index;
 };
 
+// The slots a pair remembers handing to Python (its frames no book took).
+constexpr uint32_t kHandedKept = 32;
+
 struct PairObject {
   PyObject_HEAD
   gloo::Pair* pair;
   int fd;                      // the socket, once the driver has one (-1: none; frames are taken)
   std::vector<Route>* routes;  // books that take this pair's events natively
   PyObject* starts;            // borrowed: the Core that may start a book for a first frame here (null: none)
+  // The last distinct slots whose frames went to Python: Python owns those instances, so
+  // no core starts a book for one (its routes would take frames whose notices Python has).
+  uint64_t handed[kHandedKept];
+  uint32_t handed_n;  // slots recorded so far (the ring holds the last kHandedKept)
 };
 
 extern PyTypeObject PairType;
