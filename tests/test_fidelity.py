@@ -108,6 +108,24 @@ def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path)
     assert error == pytest.approx(want, abs=rounding + 0.05)
 
 
+def test_validate_noise_floor_runs_all_real_against_all_real(run, tmp_path):
+    """--noise-floor: the testbed against itself, the bound below which validate resolves
+    no error: two all-real runs of the script per repetition, nothing emulated, so no
+    calibration and no controller figures; the error is the second's against the first's."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the loopback testbed needs two cores")
+    out = tmp_path / "v.csv"
+    res = run("validate", "--nnodes", "2", "--repeat", "1", "--noise-floor", "--csv", str(out), "--",
+              TRAIN_DDP, "--steps", "8", timeout=300)  # fmt: skip
+    assert res.rc == 0, res.err[-3000:]
+    assert "calibrating" not in res.out and "CPU per boundary message" not in res.out
+    assert re.search(r"^  again +[0-9.]+ ms", res.out, re.M) and "the noise floor: all-real against all-real" in res.out
+    rows = list(csv.DictReader(out.open()))
+    assert [r["mode"] for r in rows] == ["all-real", "all-real-again", "error"]
+    first, again = float(rows[0]["median_ms"]), float(rows[1]["median_ms"])
+    assert float(rows[-1]["error_pct"]) == pytest.approx((again / first - 1) * 100, abs=0.1)
+
+
 NO_OPTIMIZER = """
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")

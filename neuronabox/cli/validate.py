@@ -14,7 +14,17 @@ from neuronabox.args import ArgParser
 from neuronabox.cli.calibrate import add_testbed_flags
 from neuronabox.fidelity.calibrate import calibrate, testbed_rate, write_topology
 from neuronabox.fidelity.testbed import Loopback, Netns, TestbedError, TestbedUnavailable, check_netns_possible
-from neuronabox.fidelity.validate import CPU_HEADROOM, RUN_TIMEOUT_S, Comparison, Job, Runner, job_of, report, write_csv
+from neuronabox.fidelity.validate import (
+    AGAIN,
+    CPU_HEADROOM,
+    RUN_TIMEOUT_S,
+    Comparison,
+    Job,
+    Runner,
+    job_of,
+    report,
+    write_csv,
+)
 from neuronabox.launcher.torchrun_args import UsageError
 from neuronabox.progress import StatusLine
 
@@ -39,6 +49,8 @@ def build_parser() -> ArgParser:
                    help="steps: time iterations between the optimizer's steps (any script; default); "
                    "line: the script's own `neuronabox-iteration ... median_ms=` line")  # fmt: skip
     p.add_argument("--warmup-steps", type=int, default=3, help="step intervals left out at the start (default 3)")
+    p.add_argument("--noise-floor", action="store_true",
+                   help="run all-real against all-real: the testbed's own error at this repetition count")  # fmt: skip
     p.add_argument("--csv", default="validate.csv", help="where the per-run results go (default validate.csv)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds one run may take")
     return p
@@ -79,35 +91,37 @@ def main(argv: list[str]) -> int:
         if ns.testbed == "loopback":
             testbed = Loopback(job.nnodes, job.nproc, job.real_nodes)
         topology = ns.topology
-        if topology is None:
+        if topology is None and not ns.noise_floor:  # the noise floor runs nothing emulated
             print(f"calibrating the {ns.testbed} testbed (give --topology to skip)", flush=True)
             with StatusLine(f"validate: calibrating the {ns.testbed} testbed"):
                 cal = calibrate(ns.testbed, rate)
             print(cal.report(), flush=True)
             topology = str(folder / "calibrated.yaml")
             write_topology(cal, Path(topology))
-        topology = str(Path(topology).resolve()) if Path(topology).is_file() else topology
+        if topology is not None and Path(topology).is_file():
+            topology = str(Path(topology).resolve())
         if ns.testbed == "netns":
             share = ns.cpu_share or CPU_HEADROOM * len(os.sched_getaffinity(0)) / job.nnodes
             testbed = Netns(job.nnodes, rate, share)
         placement = testbed.emulated(job.real_nodes)
+        second = AGAIN if ns.noise_floor else "emulated"  # the noise floor: all-real twice
         with StatusLine("validate: runs", 2 * ns.repeat) as status:
             for rep in range(ns.repeat):
                 # Interleaved, the order flipped every repetition, so a drift of the machine
                 # weighs on both sides alike.
-                order = ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real")
+                order = ("all-real", second) if rep % 2 == 0 else (second, "all-real")
                 for mode in order:
                     status.set(detail=f"rep {rep} {mode}")
-                    if mode == "all-real":
-                        res = runner.all_real(testbed.all_real(), rep)
-                    else:
+                    if mode == "emulated":
                         res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
+                    else:
+                        res = runner.all_real(testbed.all_real(), rep, mode)
                     job.results.append(res)
                     status.set(done=status.done + 1)
                     status.say(f"  rep {rep} {mode:<9} {res.median_ms:9.2f} ms   ({res.seconds:.0f} s)")
         cmp = Comparison(
             [r.median_ms for r in job.results if r.mode == "all-real"],
-            [r.median_ms for r in job.results if r.mode == "emulated"],
+            [r.median_ms for r in job.results if r.mode == second],
         )
         print(report(job, ns, cmp, job.results))
         write_csv(Path(ns.csv), job, ns, cmp, job.results)

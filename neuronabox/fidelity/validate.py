@@ -47,6 +47,7 @@ from neuronabox.trace import records as tracefile
 LOG_TAIL_BYTES = 1 << 20  # the iteration line comes at a rank's end
 ITERATION = re.compile(r"^neuronabox-iteration .*\brank=(\d+)\b.*\bmedian_ms=([0-9.]+)")
 RUN_TIMEOUT_S = 900
+AGAIN = "all-real-again"  # --noise-floor: the second run of each repetition, all-real too
 STEP_FILE_BYTES = 64 << 20  # a step log of a million steps at most
 # netns: the nodes' quotas add up to this share of the machine. The rest is for the
 # kernel's network work (veth, bridge, tbf), which no quota charges: with every core
@@ -57,7 +58,7 @@ CPU_HEADROOM = 0.8
 
 @dataclass
 class RunResult:
-    mode: str  # all-real | emulated
+    mode: str  # all-real | emulated | all-real-again (the noise floor's second run)
     rep: int
     median_ms: float
     seconds: float
@@ -214,11 +215,12 @@ class Runner:
             return iteration_ms(logs, self.job.rank)
         return step_iteration_ms(steps, self.job.rank, self.job.warmup_steps)
 
-    def all_real(self, hosts: dict[int, Host], rep: int) -> RunResult:
+    def all_real(self, hosts: dict[int, Host], rep: int, mode: str = "all-real") -> RunResult:
+        """`mode`: the run's name in the results (all-real, or all-real-again: the noise floor's second)."""
         j, port, t0 = self.job, self.next_port(), time.monotonic()
-        logs, steps = [], self.steps_folder("all-real", rep)
+        logs, steps = [], self.steps_folder(mode, rep)
         for node, host in hosts.items():
-            log = self.folder / f"rep{rep}-all-real-node{node}.log"
+            log = self.folder / f"rep{rep}-{mode}-node{node}.log"
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
                 f"--node-rank={node}", f"--master-addr={hosts[0].address}", f"--master-port={port}",
@@ -226,8 +228,8 @@ class Runner:
             ]  # fmt: skip
             self.spawn(host, cmd, log, self.env(host, steps))
             logs.append(log)
-        self.wait("all-real", rep)
-        return RunResult("all-real", rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
+        self.wait(mode, rep)
+        return RunResult(mode, rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
 
     def emulated(
         self, placement: Placement, topology: str, delay_model: str, rep: int, skew: str = "none"
@@ -318,6 +320,7 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         return f"{statistics.median(xs):9.2f} ms   [{min(xs):.2f} .. {max(xs):.2f}]"
 
     errs = cmp.pair_errors
+    floor = any(r.mode == AGAIN for r in results)
     emu = [r for r in results if r.mode == "emulated" and r.cpu_per_msg_us is not None]
     lines = [
         f"neuronabox validate: {' '.join(job.script)}",
@@ -326,9 +329,14 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
         + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
         f"  all-real   {ms(cmp.real)}",
-        f"  emulated   {ms(cmp.emulated)}",
+        f"  {'again' if floor else 'emulated':<10} {ms(cmp.emulated)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
     ]
+    if floor:
+        lines.append(
+            f"  the noise floor: all-real against all-real; at {len(cmp.real)} repetitions this testbed "
+            "resolves no error smaller than this"
+        )
     if emu:
         cpu = statistics.median(r.cpu_per_msg_us for r in emu)
         interval = statistics.median(r.model_interval_us for r in emu)
