@@ -1,6 +1,7 @@
 """The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--repeat K] [--steps N] [--out DIR]
+                               [--noise-floor]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
 rates) it calibrates once, then validates every workload against that topology,
@@ -8,7 +9,9 @@ interleaved K times, and prints one markdown row per case: the all-real and emul
 medians with their spread, the error of the medians with the per-repetition range,
 and the controller's CPU per boundary message next to the model's time per message
 (where the controller is slower than the network it emulates, the error is the
-controller's: the native data plane's issue). The CSVs stay in DIR.
+controller's: the native data plane's issue). The CSVs stay in DIR. `--noise-floor`
+puts a second all-real run in the emulated run's place: the same table of the testbed
+against itself, the error below which a row resolves nothing.
 """
 
 from __future__ import annotations
@@ -48,10 +51,10 @@ def nbx(*argv: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str) -> str:
+def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str, second: str) -> str:
     rows = list(csv.DictReader(path.open()))
     real = [float(r["median_ms"]) for r in rows if r["mode"] == "all-real"]
-    emu = [float(r["median_ms"]) for r in rows if r["mode"] == "emulated"]
+    emu = [float(r["median_ms"]) for r in rows if r["mode"] == second]
     errs = [e / r - 1 for r, e in zip(real, emu, strict=True)]
     err = statistics.median(emu) / statistics.median(real) - 1
     cpu = [float(r["controller_cpu_per_msg_us"]) for r in rows if r["controller_cpu_per_msg_us"]]
@@ -73,14 +76,16 @@ def main() -> int:
     p.add_argument("--nnodes", type=int, help="only the testbeds of this world size")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=40)  # 10 left the noise floor at up to 9% (docs/fidelity.md)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default="fidelity-runs")
     p.add_argument("--skew", default="none", help="the emulated runs' --skew (none, auto or a file)")
+    p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
     ns = p.parse_args()
+    second, floor = ("all-real-again", ["--noise-floor"]) if ns.noise_floor else ("emulated", [])
     out = Path(ns.out).resolve()
     out.mkdir(exist_ok=True)
-    print("| testbed | rate | W | workload | all-real ms (min-max) | emulated ms (min-max) | error (per rep) "
+    print(f"| testbed | rate | W | workload | all-real ms (min-max) | {second} ms (min-max) | error (per rep) "
           "| controller CPU / model time per message |")  # fmt: skip
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for testbed, rate, nnodes in CASES:
@@ -88,19 +93,21 @@ def main() -> int:
             continue
         shaping = ["--testbed", testbed] + (["--rate", rate] if rate else [])
         topo = out / f"calibrated-{testbed}{'-' + rate if rate else ''}.yaml"
-        if not topo.exists():
+        if not topo.exists() and not ns.noise_floor:
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
-            csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-skew-{Path(ns.skew).name}.csv"
+            tail = "noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}"
+            csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-{tail}.csv"
             if name in FRAMEWORKS:
                 runs = ["--steps", str(ns.steps + ns.warmup)]
             else:
                 runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
             # every workload timed alike: between rank 0's optimizer steps, after the warm-up's
-            nbx("validate", "--nnodes", str(nnodes), *shaping, "--topology", str(topo), "--repeat", str(ns.repeat),
-                "--warmup-steps", str(ns.warmup), "--skew", ns.skew, "--csv", str(csv_path), "--",
+            topology = [] if ns.noise_floor else ["--topology", str(topo)]
+            nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
+                "--warmup-steps", str(ns.warmup), "--skew", ns.skew, *floor, "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
-            print(row(csv_path, testbed, rate, nnodes, name), flush=True)
+            print(row(csv_path, testbed, rate, nnodes, name, second), flush=True)
     return 0
 
 
