@@ -1,6 +1,6 @@
 """The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
-    python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--repeat K] [--steps N] [--out DIR]
+    python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--rate R] [--repeat K] [--steps N] [--out DIR]
                                [--noise-floor]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
@@ -74,6 +74,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("loopback", "netns"))
     p.add_argument("--nnodes", type=int, help="only the testbeds of this world size")
+    p.add_argument("--rate", help="only the netns testbeds of this link rate (e.g. 1gbit)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)  # 10 left the noise floor at up to 9% (docs/fidelity.md)
@@ -89,7 +90,7 @@ def main() -> int:
           "| controller CPU / model time per message |")  # fmt: skip
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for testbed, rate, nnodes in CASES:
-        if (ns.only and testbed != ns.only) or (ns.nnodes and nnodes != ns.nnodes):
+        if (ns.only and testbed != ns.only) or (ns.nnodes and nnodes != ns.nnodes) or (ns.rate and rate != ns.rate):
             continue
         shaping = ["--testbed", testbed] + (["--rate", rate] if rate else [])
         topo = out / f"calibrated-{testbed}{'-' + rate if rate else ''}.yaml"

@@ -301,18 +301,21 @@ def controller_pace(trace: dict) -> tuple[float | None, float | None]:
 # ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Comparison:
+    """Each repetition's all-real median and its other run's (emulated; under
+    --noise-floor, all-real again)."""
+
     real: list[float]
-    emulated: list[float]
+    other: list[float]
 
     @property
     def error(self) -> float:
         """Of the medians over the repetitions."""
-        return statistics.median(self.emulated) / statistics.median(self.real) - 1
+        return statistics.median(self.other) / statistics.median(self.real) - 1
 
     @property
     def pair_errors(self) -> list[float]:
-        """Each repetition's emulated run against its own all-real run: the spread."""
-        return [e / r - 1 for r, e in zip(self.real, self.emulated, strict=True)]
+        """Each repetition's other run against its own all-real run: the spread."""
+        return [e / r - 1 for r, e in zip(self.real, self.other, strict=True)]
 
 
 def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunResult]) -> str:
@@ -329,7 +332,7 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
         + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
         f"  all-real   {ms(cmp.real)}",
-        f"  {'again' if floor else 'emulated':<10} {ms(cmp.emulated)}",
+        f"  {'again' if floor else 'emulated':<10} {ms(cmp.other)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
     ]
     if floor:
