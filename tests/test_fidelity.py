@@ -220,9 +220,9 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
         live.wait_line(r"^  rep 0 all-real +started", timeout=120)
         assert owned_netns(live.proc.pid), (live.proc.pid, owned_netns())
         live.proc.send_signal(signal.SIGINT)
-        assert live.finish(timeout=60) == 130
-        assert "interrupted" in live.err
+        rc = live.finish(timeout=60)
+        assert rc == 130 and "interrupted" in live.err, (rc, live.err[-2000:])
     finally:
         live.stop()
     assert owned_netns(live.proc.pid) == [] and owned_cgroups(live.proc.pid) == [], live.err[-2000:]
-    assert host_state() == before
+    assert host_state() == before, live.err[-2000:]
