@@ -60,6 +60,10 @@ def test_help_and_bad_input(run):
         (("validate", "--nnodes", "2", "--skew", "nofile.txt", "--", MLP), "--skew nofile.txt: no such file"),
         (("validate", "--nnodes", "2", "--testbed", "netns", "--rate", "fast", "--", MLP), "--rate takes a link rate"),
         (("validate", "--nnodes", "2", "--data", "mirror", "--", MLP), "--data is a `neuronabox torchrun` flag"),
+        (
+            ("validate", "--nnodes", "2", "--noise-floor", "--skew", "auto", "--topology", "cpu-25gbe", "--", MLP),
+            "--noise-floor runs nothing emulated: --skew, --topology would not be used",
+        ),
         (("calibrate", "--rate", "1gbit", "--out", "x.yaml"), "loopback has no link to shape"),
         (("calibrate", "--out", "/no/such/folder/x.yaml"), "no folder"),
     ]

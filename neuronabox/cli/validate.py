@@ -42,7 +42,7 @@ def build_parser() -> ArgParser:
     p.add_argument("--real-ranks", help="ranks that stay real in the emulated run (whole nodes; default node 0)")
     p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
     p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
-    p.add_argument("--delay-model", default="alpha-beta", help="the emulated run's delay model")
+    p.add_argument("--delay-model", help="the emulated run's delay model (default alpha-beta)")
     p.add_argument("--skew", default="none", help="the emulated run's --skew: none (default), auto or FILE")
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
                 for mode in order:
                     status.set(detail=f"rep {rep} {mode}")
                     if mode == "emulated":
-                        res = runner.emulated(placement, topology, ns.delay_model, rep, ns.skew)
+                        res = runner.emulated(placement, topology, ns.delay_model or "alpha-beta", rep, ns.skew)
                     else:
                         res = runner.all_real(testbed.all_real(), rep, mode)
                     job.results.append(res)

@@ -98,6 +98,11 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
         ns.skew = checked_spec(ns.skew)
     except SkewError as exc:
         raise UsageError(str(exc)) from None
+    if ns.noise_floor:
+        unused = [flag for flag, given in (("--skew", ns.skew != "none"), ("--topology", ns.topology),
+                                           ("--delay-model", ns.delay_model)) if given]  # fmt: skip
+        if unused:
+            raise UsageError(f"--noise-floor runs nothing emulated: {', '.join(unused)} would not be used")
     if ns.cpu_share is not None and ns.cpu_share <= 0:
         raise UsageError(f"--cpu-share must be positive, got {ns.cpu_share}")
     targs = parse([*rest, "--", *script])
