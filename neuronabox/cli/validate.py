@@ -103,8 +103,8 @@ def main(argv: list[str]) -> int:
         if ns.testbed == "netns":
             share = ns.cpu_share or CPU_HEADROOM * len(os.sched_getaffinity(0)) / job.nnodes
             testbed = Netns(job.nnodes, rate, share)
-        placement = testbed.emulated(job.real_nodes)
         second = AGAIN if ns.noise_floor else "emulated"  # the noise floor: all-real twice
+        placement = None if ns.noise_floor else testbed.emulated(job.real_nodes)
         with StatusLine("validate: runs", 2 * ns.repeat) as status:
             for rep in range(ns.repeat):
                 # Interleaved, the order flipped every repetition, so a drift of the machine
