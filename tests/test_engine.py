@@ -3,6 +3,8 @@ every byte the controller writes goes through a real-side `GlooPair`, which
 refuses anything Gloo would kill the pair for."""
 
 import itertools
+import socket
+import time
 from collections import deque
 
 import pytest
@@ -422,3 +424,61 @@ def test_a_deferred_record_waits_for_the_idle_turn_and_holds_the_gaps_open():
         again(side, tag)
     assert len(side.completed) + len(side.engine.finished) == 2 + DEFERRED_RECORDS_MAX
     assert len(side.engine.finished) <= DEFERRED_RECORDS_MAX
+
+
+def test_the_frames_of_one_poll_carry_its_time():
+    """The loop stamps every frame of one epoll answer with the time it came back: all of
+    them were in by then. Here the real rank's first frame of allreduce #5 (on the pair
+    to its predecessor) is ready before its last data frame of #4 (on the pair to its
+    successor), and #5 starts natively when served first. Stamped as served, #4 would end
+    after #5 began, an overlap the rank never had, which `simulate` reads as a collective
+    entered without waiting. Real sockets, the native core and pairs."""
+    world = 3
+    sched = RingAllreduce(RingGeometry.for_tensor(world, 1024, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 3))
+    side.engine.native_start = True
+    side.start()
+    side.pump()
+    assert len(side.engine.starters) == 1
+    last, held = sched.sends(0)[-1], {}
+    side.slot = make_slot(SlotPrefix.ALLREDUCE, 4)
+    side.sends, side.got, side.credits = {}, {}, {}
+    side.serve = lambda key: serve_holding(side, key, last, held)
+    side.start()
+    side.pump()
+    side.engine.adopt_started()
+    assert len(held) == 1 and len(side.completed) == 1  # #4 waits for its last frame
+    first = sched.recvs(0)[0]
+    assert first.peer != last.peer
+    pairs = {}
+    for key in ((0, first.peer), (0, last.peer)):
+        mine, theirs = socket.socketpair()
+        side.engine.core.watch(mine.fileno(), side.conns[key], f"rank 0 <-> emulated {key[1]}")
+        pairs[key] = (mine, theirs)
+    try:
+        side.mirror[(0, first.peer)].recv_ready(make_slot(SlotPrefix.ALLREDUCE, 5), first.nbytes)
+        pairs[(0, first.peer)][1].sendall(side.mirror[(0, first.peer)].take())  # ready first
+        pairs[(0, last.peer)][1].sendall(held[(0, last.peer)])
+        side.engine.core.wait(time.monotonic() + 0.05, False, 0.0)
+        side.engine.adopt_started()
+        assert len(side.completed) == 2 and side.completed[-1].native and len(side.engine.instances) == 1
+        ended, began = side.completed[-1].per_rank[0][1], side.engine.open_entries()[0]
+        assert ended == began  # one poll's answer, one time
+    finally:
+        for mine, theirs in pairs.values():
+            side.engine.core.unwatch(mine.fileno())
+            mine.close()
+            theirs.close()
+
+
+def serve_holding(side, key, last, held):
+    """RealSide.serve, but the data of `last` is written to the mirror and kept in `held`
+    rather than said to the engine."""
+    while side.credits.get(key) and side.sends.get(key):
+        side.credits[key] -= 1
+        m = side.sends[key].popleft()
+        side.mirror[key].data(side.slot, side.payload(key[0], m.step, m.nbytes))
+        if (key[1], m.step) == (last.peer, last.step):
+            held[key] = side.mirror[key].take()
+        else:
+            side.say(*key)

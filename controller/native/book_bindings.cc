@@ -613,7 +613,8 @@ constexpr int kMaxEvents = 64;
 constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
 
 // One pair socket's readiness, served natively; what Python must see goes into `out`.
-bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
+// `ready_at`: when epoll reported it (see core_wait).
+bool serve(CoreObject* self, int fd, uint32_t events, double ready_at, PyObject* out) {
   auto it = self->watched->find(fd);
   if (it == self->watched->end()) return true;
   Watched w = it->second;  // the hooks below may unwatch it: hold what this call uses
@@ -641,7 +642,7 @@ bool serve(CoreObject* self, int fd, uint32_t events, PyObject* out) {
     }
   }
   if (got == nullptr && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
-    got = read_pair(w.pair, fd);
+    got = read_pair(w.pair, fd, ready_at);
     if (got == nullptr) {
       ok = false;
       if (PyErr_ExceptionMatches(g_wire_error)) {  // name the pair, as the wire cannot
@@ -726,13 +727,18 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
       Py_DECREF(out);
       return nullptr;
     }
+    // Every frame of one epoll answer is stamped with its time: they were all in by then.
+    // Stamped as each is served, a frame would carry the time spent on the ones before
+    // it (a book started natively, a release), and a rank's last frame of one collective
+    // could read as later than its first of the next, an overlap it never had.
+    const double ready_at = n > 0 ? monotonic() : 0.0;
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == self->pyfd) {
         python = true;
         continue;
       }
       self->busy_at = monotonic();
-      if (!serve(self, evs[i].data.fd, evs[i].events, out)) {
+      if (!serve(self, evs[i].data.fd, evs[i].events, ready_at, out)) {
         Py_DECREF(out);
         return nullptr;
       }

@@ -256,7 +256,7 @@ PyObject* pair_receive(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
 
 }  // namespace
 
-PyObject* nbx::py::read_pair(PairObject* self, int fd) {
+PyObject* nbx::py::read_pair(PairObject* self, int fd, double now) {
   return guarded([&]() -> PyObject* {
     std::vector<Event> events;
     size_t total = 0;
@@ -282,7 +282,7 @@ PyObject* nbx::py::read_pair(PairObject* self, int fd) {
       if (static_cast<size_t>(n) < w.size || total >= kReadBudget) break;
     }
     if (closed && events.empty()) Py_RETURN_NONE;  // else the close shows on the next read
-    return nbx::py::dispatch(self, events, monotonic_now());
+    return nbx::py::dispatch(self, events, now);
   });
 }
 
@@ -293,7 +293,7 @@ PyObject* pair_read(PyObject* obj, PyObject* arg) {
   if (!ready(self)) return nullptr;
   const int fd = PyLong_AsLong(arg);
   if (fd == -1 && PyErr_Occurred()) return nullptr;
-  return nbx::py::read_pair(self, fd);
+  return nbx::py::read_pair(self, fd, monotonic_now());
 }
 
 PyObject* pair_flush(PyObject* obj, PyObject* arg) {

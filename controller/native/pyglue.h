@@ -52,9 +52,9 @@ PyObject* dispatch(PairObject* pair, std::vector<gloo::Event>& events, double no
 // The same, natively: the events no book takes go to `rest`; false with a Python error set.
 bool route(PairObject* pair, std::vector<gloo::Event>& events, double now, std::vector<gloo::Event>* rest);
 
-// Receives what the socket has for the pair and dispatches it: the events no book
-// takes, None once the socket closed, nullptr with a Python error set.
-PyObject* read_pair(PairObject* pair, int fd);
+// Receives what the socket has for the pair and dispatches it, stamped `now`: the events
+// no book takes, None once the socket closed, nullptr with a Python error set.
+PyObject* read_pair(PairObject* pair, int fd, double now);
 
 // A Python error is set: unwinds through native code to the binding that returns it.
 struct PyErrorSet {};
