@@ -17,7 +17,7 @@ from neuronabox.topology import HostWork, LinkClass
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
-from neuronabox.schedules.gloo import RealRanks, Schedule
+from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks, Schedule
 from neuronabox.schedules.timing import Timeline, timeline_for
 
 from .skew import Skew
@@ -88,6 +88,8 @@ class ReleaseTiming:
         entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
                                 (group, str(kind), nbytes), f"{group}/{tag}")  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
+        if not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier)):  # they keep the undrawn entry
+            self.skew.waited(entry, schedule.world, real.members)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:

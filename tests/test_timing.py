@@ -409,3 +409,46 @@ def test_auto_skew_draws_the_real_ranks_own_excess_and_shifts_by_its_lateness_no
     for i in range(5000):
         assert quiet.entry(i * 10e-3, {}, key, f"0/{i}").draws == ()
     assert not quiet._last and not quiet._seen  # and nothing is kept: a long run without steps stays flat
+
+
+def test_auto_skew_does_not_feed_on_the_waits_it_made():
+    """A real rank whose iteration is 10 ms of work plus U(0, 1 ms), at W = 2: each
+    iteration it also waits for its emulated peer's drawn lateness. Two real ranks of that
+    kind take 10 ms + E[max of two U(0, 1 ms)] = 10.667 ms an iteration, and less the waits
+    the draws made (`Skew.waited`), the emulated run does too, its draws within the real
+    rank's own variation. Sampled whole, the waits came back as draws of up to twice that
+    variation and a slower iteration. Seeded: the same every run."""
+    import random
+    import statistics
+
+    from neuronabox.controller.skew import Skew, latest_entry
+
+    def run(charged: bool) -> tuple[list[float], float]:
+        rng, skew, key, t = random.Random(5), Skew.parse("auto", seed=3), ("0", "allreduce", 4096), 0.0
+        periods = []
+        for i in range(400):
+            skew.on_step()
+            entry = skew.entry(t, {}, key, f"0/{i}")
+            if charged:
+                skew.waited(entry, 2, frozenset({0}))
+            late = entry.of(1) - entry.t0 if entry.draws else 0.0  # the emulated peer enters this much later
+            assert late == pytest.approx(latest_entry(entry, 2, frozenset({0})) if entry.draws else 0.0)
+            periods.append(late + 10e-3 + rng.uniform(0.0, 1e-3))  # the real rank waits for it, then works
+            t += periods[-1]
+        return list(skew._pool), statistics.mean(periods[50:])
+
+    (fed, fed_period), (pool, period) = run(charged=False), run(charged=True)
+    assert max(pool) <= 1e-3 and period == pytest.approx(10e-3 + 2e-3 / 3, abs=20e-6)
+    assert max(fed) > 1.5e-3 and fed_period > period + 40e-6
+
+
+def test_a_large_world_waits_for_the_pools_largest_draw():
+    from neuronabox.controller.skew import EXACT_RANKS, latest_entry
+
+    draws = (1e-3, 2e-3, 5e-3)
+    big = Entry(0.0, {}, draws, 1e-3, 11)
+    assert latest_entry(big, EXACT_RANKS + 10, frozenset({0})) == pytest.approx(4e-3)
+    small = Entry(0.0, {}, draws, 1e-3, 11)
+    exact = max(small.of(r) for r in range(1, 4))
+    assert latest_entry(small, 4, frozenset({0})) == pytest.approx(exact)
+    assert latest_entry(small, 2, frozenset({0, 1})) == 0.0  # nobody emulated
