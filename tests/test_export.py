@@ -223,8 +223,6 @@ INSPECTOR_KEYS = {
 }  # fmt: skip
 
 
-
-
 def test_nccl_inspector_lines_are_v4_with_each_real_ranks_time(two_rank_trace, tmp_path):
     """One v4.0 object per collective per real rank, its time the rank's span in the
     trace, its bandwidths nccl-tests' (busbw = algbw x the collective's bus factor)."""
@@ -268,3 +266,26 @@ def test_prometheus_gauges_parse_with_prometheus_clients_parser(two_rank_trace, 
         assert sample.value == pytest.approx(span, rel=1e-5)
         assert sample.labels["coll_sn"] == str(inst["seq"]) and sample.labels["nranks"] == "8"
         assert sample.labels["coll_timing_source"] == "neuronabox_real_rank"
+
+
+def test_dtype_reports_thin_out_after_the_first_steps_and_lose_nothing(tmp_path):
+    """Each dtype report dumps the flight recorder on the real rank's core (about 4 us an
+    entry, which an all-real run does not pay). After the first 8 steps a report comes only
+    before the recorder could fill past half at the collectives per step counted so far, and
+    every collective up to the last report still has its dtype."""
+    from conftest import nbx
+
+    from neuronabox.observer.agent import EAGER_STEPS
+
+    steps = 40
+    trace = tmp_path / "run.jsonl"
+    res = nbx("torchrun", "--nnodes", "2", "--trace", str(trace), EXAMPLE, "--steps", str(steps))
+    assert res.rc == 0, res.err[-2000:]
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    reports = [i for i, rec in enumerate(lines) if "dtypes" in rec]
+    assert EAGER_STEPS <= len(reports) < EAGER_STEPS + (steps - EAGER_STEPS) // 2  # not one a step
+    last = max(seq for i in reports for _, seq, _ in lines[i]["dtypes"])
+    doc = load(trace)
+    covered = [rec for rec in doc["instances"] if rec["seq"] <= last]
+    assert len(covered) > EAGER_STEPS * 2
+    assert all(rec["dtype"] is not None for rec in covered), [r for r in covered if r["dtype"] is None][:2]

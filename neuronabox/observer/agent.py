@@ -11,6 +11,7 @@ script; without it the emulation still runs, on the default group only.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.util
@@ -45,8 +46,17 @@ C10D = "torch.distributed.distributed_c10d"
 DDP = "torch.nn.parallel.distributed"
 MIRROR = os.environ.get("NEURONABOX_DATA") == "mirror"
 INPUT_WAIT_S = 60.0  # how long a question for an input waits for its call to enter
-DTYPES_EVERY_S = 1.0  # the dtypes of the collectives issued are reported at each step, or this often
+DTYPES_EVERY_S = 1.0  # the dtypes of the collectives issued are reported at least this often
+# A report dumps the flight recorder, about 4 us of the real rank's core per entry (0.27 ms for
+# 64), which an all-real run does not pay: a report comes only once the steps since the last one,
+# at the collectives per step it counted, would fill this share of the recorder by the next step.
+REPORT_FILL = 0.5
+EAGER_STEPS = 8  # the first steps report each: a short run's trace has every dtype even if it ends with os._exit
+FR_ENTRIES = int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0)
 _dtypes_due = threading.Event()
+_steps = [0]  # optimizer steps so far
+_report_lock = threading.Lock()
+_reported: dict[str, int] = {}  # group -> the last tag whose dtype went out
 
 
 class _WrapOnLoad(importlib.abc.MetaPathFinder):
@@ -102,10 +112,19 @@ def _wrap(c10d) -> None:
         return irecv(tensor, src, group, tag, group_src)
 
     c10d.irecv = reporting_irecv  # recv() calls it too
+    destroy = c10d.destroy_process_group
+
+    def reporting_destroy(*a, **k):
+        _report()  # the last steps' dtypes, while the controller still reads this rank
+        return destroy(*a, **k)
+
+    c10d.destroy_process_group = reporting_destroy
     calls.install(c10d, MIRROR)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and getattr(dist, "irecv", None) is irecv:  # torch.distributed already copied it
         dist.irecv = reporting_irecv
+    if dist is not None and getattr(dist, "destroy_process_group", None) is destroy:
+        dist.destroy_process_group = reporting_destroy
 
 
 def _serve(host: str, port: int) -> None:
@@ -161,22 +180,45 @@ def _serve(host: str, port: int) -> None:
 
 
 def _report_dtypes() -> None:
-    """Each collective's dtype, from the flight recorder, after each optimizer step (or
-    every DTYPES_EVERY_S): one dump per report, on this thread, not the collectives'."""
-    reported: dict[str, int] = {}
+    """Each collective's dtype, from the flight recorder, on this thread, not the collectives':
+    after each of the first EAGER_STEPS steps, then after the step that would otherwise let the
+    recorder fill past REPORT_FILL, at least every DTYPES_EVERY_S, and when the script destroys
+    a process group or exits (a script that leaves by os._exit loses the last steps' dtypes)."""
+    per_step: float | None = None  # collectives per step, counted by the last report
+    since = 0  # the step count then
     while True:
-        _dtypes_due.wait(DTYPES_EVERY_S)
+        timed_out = not _dtypes_due.wait(DTYPES_EVERY_S)
         _dtypes_due.clear()
+        steps = _steps[0] - since
+        eager = per_step is None or _steps[0] <= EAGER_STEPS
+        if not timed_out and not eager and (steps + 1) * per_step <= FR_ENTRIES * REPORT_FILL:
+            continue  # the next step's collectives still fit
+        found = _report()
+        if steps > 0 and found is not None:
+            per_step = max(found / steps, 1.0)
+            since += steps
+
+
+def _report() -> int | None:
+    """Send the dtypes of the collectives issued since the last report; how many (None: no recorder)."""
+    with _report_lock:
         try:
-            found = calls.dtypes_since(calls.flight_records(), reported)
+            found = calls.dtypes_since(calls.flight_records(), _reported)
         except Exception:  # no recorder (TORCH_FR_BUFFER_SIZE=0), or torch going down: dtypes stay unknown
-            continue
+            return None
         if found:
             _send({"dtypes": found})
+        return len(found)
+
+
+def _report_at_exit() -> None:
+    if _sock is not None:
+        _report()
 
 
 def _stepped(*_) -> None:
     _send({"step": 1, "t": time.time()})
+    _steps[0] += 1
     _dtypes_due.set()
 
 
@@ -192,5 +234,6 @@ def start() -> None:
             del targets[name]
     if targets:
         sys.meta_path.insert(0, _WrapOnLoad(targets))
+    atexit.register(_report_at_exit)  # the last steps' dtypes, which the rule above may still hold
     host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
     threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()
