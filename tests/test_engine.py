@@ -375,15 +375,21 @@ def test_a_slot_python_has_a_frame_of_never_starts_natively():
     assert [r.native for r in side.completed] == [False, False, True] and side.got == first
 
 
-def test_a_native_start_refuses_a_later_frame_its_shape_lacks():
-    """A starter matches the first frame only; a frame the shape does not have later ends
-    the run as the Python start's book would, naming the instance."""
-    world = 2
+def ring_played_once(world):
+    """A 1 KiB ring allreduce (#3) played once by real rank 0, native starts on: its
+    starter is in the core."""
     sched = RingAllreduce(RingGeometry.for_tensor(world, 1024, 4))
     side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 3))
     side.engine.native_start = True
     side.start()
     side.pump()
+    return sched, side
+
+
+def test_a_native_start_refuses_a_later_frame_its_shape_lacks():
+    """A starter matches the first frame only; a frame the shape does not have later ends
+    the run as the Python start's book would, naming the instance."""
+    sched, side = ring_played_once(2)
     side.slot = make_slot(SlotPrefix.ALLREDUCE, 4)
     m = sched.sends(0)[0]
     side.mirror[(0, 1)].send_ready(side.slot, m.nbytes)  # the same first frame: started natively
@@ -433,12 +439,7 @@ def test_the_frames_of_one_poll_carry_its_time():
     successor), and #5 starts natively when served first. Stamped as served, #4 would end
     after #5 began, an overlap the rank never had, which `simulate` reads as a collective
     entered without waiting. Real sockets, the native core and pairs."""
-    world = 3
-    sched = RingAllreduce(RingGeometry.for_tensor(world, 1024, 4))
-    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 3))
-    side.engine.native_start = True
-    side.start()
-    side.pump()
+    sched, side = ring_played_once(3)
     assert len(side.engine.starters) == 1
     last, held = sched.sends(0)[-1], {}
     side.slot = make_slot(SlotPrefix.ALLREDUCE, 4)
