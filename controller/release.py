@@ -85,12 +85,17 @@ class ReleaseTiming:
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
+        drawn = not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier))  # they keep the undrawn entry
         entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
-                                (group, str(kind), nbytes), f"{group}/{tag}")  # fmt: skip
+                                (group, str(kind), nbytes), f"{group}/{tag}", schedule.world if drawn else 0,
+                                real.members)  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
-        if not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier)):  # they keep the undrawn entry
-            self.skew.waited(entry, schedule.world, real.members)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
+
+    def ended(self, group: str, tag: int, rank_times: dict) -> None:
+        """An instance's book completed; `rank_times`: each real rank's (first, last message)."""
+        if rank_times:
+            self.skew.ended(f"{group}/{tag}", max(last for _, last in rank_times.values()))
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank

@@ -11,22 +11,24 @@ delay drawn, per rank and per instance, from a distribution (`schedules.timing.E
 - `FILE`: the distribution is the file's delays, in milliseconds (whitespace or commas
   between them, `#` comments), e.g. the variation of a real run's ranks;
 - `auto`: the real rank's own variation, measured during the run (in `simulate`, in the
-  recorded run: `Skew.recorded`). A collective of an iteration is named by its group,
-  kind and bytes and by how many of that name came before it since the real rank's last
-  optimizer step (DDP's buckets of one size, a scalar allreduce per logged metric). The
-  time between the real rank's entries into the same collective in successive iterations,
-  less the time the draws themselves made it wait meanwhile (`waited`), is one sample of
-  its iteration; a sample's excess over the least of that collective's recent samples is
-  one draw. An instance's draws are shifted down by the real rank's own excess this time:
-  the emulated ranks are late relative to it. Without optimizer steps (no observer) no
-  collective recurs, and auto draws nothing.
+  recorded run: `Skew.recorded`). A collective of an iteration (a place) is named by its
+  group, kind and bytes and by how many of that name came before it since the real
+  rank's last optimizer step (DDP's buckets of one size, a scalar allreduce per logged
+  metric). Every rank is held up by each collective until the last one is in, so what
+  makes a rank late at a place is what it did since the real rank's last collective
+  ended: its **gap** (the time from that end to its entry) and, as the collective runs,
+  its stalls inside it. At each place, the real rank's gap in excess of the least of its
+  recent gaps there, plus its stall there the iteration before (the collective's span
+  in excess of its least, less the wait its draws made), is one draw. An instance's
+  draws are shifted down by the real rank's own gap excess this time: the emulated
+  ranks are late relative to it, and its own stall comes by itself. Without optimizer
+  steps (no observer) no collective recurs, and auto draws nothing.
 
-Why `waited`: a real rank that waits for a late emulated peer has a longer iteration, and
-sampled whole, that wait would come back as a larger draw, a larger wait, and so on: at
-W = 2 the pool of an MLP grew from a median of 0.8 ms to 2.1 ms within a run, and its
-emulated iteration came out 10% slow. Each instance's wait is the latest of its emulated
-ranks' drawn entries after the real rank's own (`latest_entry`), which a ring's release
-times follow.
+Why gaps: an earlier version sampled the real rank's whole period from entry to entry.
+Its waits for late emulated peers then came back as larger draws (at W = 2 the MLP came
+out 10% slow), and with several collectives an iteration each place drew a whole
+iteration's variation (a model of 4 collectives an iteration came out 5% to 13% slow
+against two ranks of its kind; `tests/test_timing.py` plays both).
 
 The draws are seeded (`seed`, and the instance's key), so a run is repeatable.
 """
@@ -46,6 +48,7 @@ MAX_DRAWS = 4096  # a file's distribution is kept whole up to this many delays
 WINDOW = 32  # auto: the samples kept per recurring collective
 POOL = 256  # auto: the draws kept over all of them
 MAX_DELAY_S = 60.0
+MAX_OPEN = 4096  # auto: instances entered and not yet ended, kept for their spans
 EXACT_RANKS = 256  # `latest_entry` draws this many emulated ranks one by one; a larger world waits for the pool's max
 
 
@@ -93,11 +96,12 @@ class Skew:
         self.draws = draws
         self.seed = seed
         self._stepped = False  # auto: an optimizer step came (before it, no collective has a place to recur in)
-        self._last: dict[tuple, tuple[float, float]] = {}  # auto: a collective of the iteration -> the real
-        # rank's last entry, and `_waited` then
-        self._waited = 0.0  # auto: how long the draws have made the real rank wait, all told
         self._seen: dict[tuple, int] = {}  # auto: (group, kind, bytes) -> how many since the last step
-        self._samples: dict[tuple, deque[float]] = {}
+        self._end: float | None = None  # auto: when the real rank's latest collective ended
+        self._gaps: dict[tuple, deque[float]] = {}  # auto: place -> the real rank's recent gaps there
+        self._spans: dict[tuple, deque[float]] = {}  # auto: place -> its recent spans there, less drawn waits
+        self._stall: dict[tuple, float] = {}  # auto: place -> its stall there the last time
+        self._open: dict[str, tuple[tuple, float, float]] = {}  # auto: instance -> (place, entry, drawn wait)
         self._pool: deque[float] = deque(maxlen=POOL)
 
     @classmethod
@@ -107,28 +111,52 @@ class Skew:
             return cls(spec, seed=seed)
         return cls("fixed", read_delays(spec), seed)
 
-    def entry(self, t0: float, stragglers: dict[int, float], key: tuple, instance: str) -> Entry:
+    def entry(
+        self,
+        t0: float,
+        stragglers: dict[int, float],
+        key: tuple,
+        instance: str,
+        world: int = 0,
+        real: frozenset[int] = frozenset(),
+    ) -> Entry:
         """The entry of one instance that the real rank entered at `t0`: `key` names its
-        recurring collective (group, kind, bytes), `instance` the instance itself (its seed)."""
+        recurring collective (group, kind, bytes), `instance` the instance itself (its seed).
+        `world` and `real`: the group's, where the instance takes drawn delays (rings and
+        one-message collectives; 0 for broadcasts and barriers, which keep the undrawn entry)."""
         if self.mode == "none":
             return Entry(t0, stragglers)
         shift = 0.0
         draws = self.draws
+        place = None
         if self.mode == "auto" and self._stepped:  # keyed by place in the iteration: bounded by one iteration's
             k = self._seen.get(key, 0)
             self._seen[key] = k + 1
-            shift = self._observe((*key, k), t0)
+            place = (*key, k)
+            shift = self._observe(place, t0)
             draws = tuple(self._pool)
-        if not draws:
-            return Entry(t0, stragglers)
-        return Entry(t0, stragglers, draws, shift, self.seed ^ zlib.crc32(instance.encode()))
+        entry = Entry(t0, stragglers, draws, shift, self.seed ^ zlib.crc32(instance.encode())) if draws else None
+        if place is not None:
+            waited = latest_entry(entry, world, real) if entry is not None and world else 0.0
+            self._open[instance] = (place, t0, waited)
+            if len(self._open) > MAX_OPEN:  # an instance that never ended
+                del self._open[next(iter(self._open))]
+        return entry if entry is not None else Entry(t0, stragglers)
 
-    def waited(self, entry: Entry, world: int, real: frozenset[int]) -> None:
-        """An instance took `entry`'s drawn delays (a ring or a one-message collective; not
-        broadcasts and barriers, which keep the undrawn entry): the real rank waits for the
-        latest of the emulated ranks, which is not its own iteration's work (auto)."""
-        if self.mode == "auto" and entry.draws:
-            self._waited += latest_entry(entry, world, real)
+    def ended(self, instance: str, t: float) -> None:
+        """The real rank's last message of `instance` crossed at `t` (auto): the next gap
+        starts here, and the instance's span, less the wait its draws made, is a sample of
+        the real rank's stalls at its place."""
+        if self.mode != "auto":
+            return
+        self._end = t if self._end is None else max(self._end, t)
+        opened = self._open.pop(instance, None)
+        if opened is None:
+            return
+        place, t0, waited = opened
+        spans = self._spans.setdefault(place, deque(maxlen=WINDOW))
+        spans.append(max(0.0, t - t0 - waited))
+        self._stall[place] = spans[-1] - min(spans)
 
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
@@ -136,30 +164,33 @@ class Skew:
         self._seen.clear()
 
     @classmethod
-    def recorded(cls, entries: list[tuple[tuple, float]], steps: list[float], seed: int = 0) -> Skew:
+    def recorded(cls, entries: list[tuple[tuple, float, float]], steps: list[float], seed: int = 0) -> Skew:
         """`auto` for a replay: the draws a live run would have pooled from the real rank's
-        recorded entries ((group, kind, bytes), entry time) and its optimizer steps, fixed."""
+        recorded collectives ((group, kind, bytes), entry, end) and its optimizer steps, fixed."""
         skew = cls("auto", seed=seed)
-        events = sorted([(t, 1, ()) for t in steps] + [(t, 0, key) for key, t in entries], key=lambda e: e[:2])
-        for t, is_step, key in events:
-            if is_step:
+        events = [(t, 1, -1, ()) for t in steps]
+        for i, (key, start, end) in enumerate(entries):
+            events += [(start, 2, i, key), (end, 0, i, key)]  # at one time: an end, a step, then an entry
+        for t, what, i, key in sorted(events, key=lambda e: e[:3]):
+            if what == 1:
                 skew.on_step()
+            elif what == 2:
+                skew.entry(t, {}, key, str(i))
             else:
-                skew.entry(t, {}, key, "")
+                skew.ended(str(i), t)
         return cls("fixed", tuple(skew._pool), seed)
 
-    def _observe(self, key: tuple, t: float) -> float:
-        """The real rank entered `key` at `t`: one more sample; its excess over the least
-        recent sample of `key` is a draw, and the real rank's own lateness now."""
-        last = self._last.get(key)
-        self._last[key] = (t, self._waited)
-        if last is None or t <= last[0]:
-            return 0.0
-        samples = self._samples.setdefault(key, deque(maxlen=WINDOW))
-        samples.append(max(0.0, t - last[0] - (self._waited - last[1])))
-        excess = samples[-1] - min(samples)
-        if len(samples) > 1:
-            self._pool.append(min(excess, MAX_DELAY_S))
+    def _observe(self, place: tuple, t: float) -> float:
+        """The real rank entered `place` at `t`: its gap since its last collective ended is
+        one more sample; the gap's excess over the least recent one, plus the place's last
+        stall, is a draw; the excess alone is the real rank's own lateness now."""
+        if self._end is None or t <= self._end:
+            return 0.0  # entered while one was in flight (DDP's buckets): no gap of its own
+        gaps = self._gaps.setdefault(place, deque(maxlen=WINDOW))
+        gaps.append(t - self._end)
+        excess = gaps[-1] - min(gaps)
+        if len(gaps) > 1:
+            self._pool.append(min(excess + self._stall.get(place, 0.0), MAX_DELAY_S))
         return excess
 
 

@@ -387,59 +387,65 @@ def test_skew_none_is_todays_entry_and_draws_are_seeded(tmp_path):
         Skew.parse(str(tmp_path / "missing"))
 
 
-def test_auto_skew_draws_the_real_ranks_own_excess_and_shifts_by_its_lateness_now():
+def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_gap_now():
     from neuronabox.controller.skew import Skew
 
     skew, key = Skew.parse("auto"), ("0", "allreduce", 4096)
-    t = 0.0
-    for i, gap in enumerate([10e-3, 10e-3, 14e-3, 11e-3, 10e-3]):  # the real rank's iterations
-        t += gap
+    t, entry = 0.0, None
+    for i, (gap, span) in enumerate([(10e-3, 1e-3), (10e-3, 1e-3), (14e-3, 1e-3), (11e-3, 3e-3), (10e-3, 1e-3)]):
         skew.on_step()
-        entry = skew.entry(t, {}, key, f"0/{i}")
-        skew.entry(t + 5e-3, {}, key, f"0/{i}b")  # a second bucket of the same size, 5 ms later: its own collective
-    # each bucket's samples 10, 14, 11, 10 ms after its first entry; each later one's excess over the least so far
-    # is a draw (the two buckets' alike): never the 5 ms between the buckets of one iteration
-    assert entry.draws == pytest.approx((4e-3, 4e-3, 1e-3, 1e-3, 0.0), abs=1e-12)  # (the last b comes after)
+        t += gap  # the real rank computes for `gap` after its last collective ended
+        entry = skew.entry(t, {}, key, f"0/{i}")  # a broadcast-like entry: nothing drawn waits on it
+        t += span
+        skew.ended(f"0/{i}", t)
+    # the first entry has no collective before it; then gaps of 10, 14, 11 and 10 ms: from the second on,
+    # the excess over the least so far (4, 1, 0 ms) plus the place's stall the iteration before (2 ms after
+    # the 3 ms span) is a draw
+    assert tuple(skew._pool) == pytest.approx((4e-3, 1e-3, 2e-3), abs=1e-12)
     assert entry.shift == pytest.approx(0.0, abs=1e-12)
     skew.on_step()
     entry = skew.entry(t + 13e-3, {}, key, "0/9")  # the real rank is 3 ms late itself this time
     assert entry.shift == pytest.approx(3e-3)
     assert all(0 <= entry.of(r) - entry.t0 <= 1e-3 + 1e-12 for r in range(1, 100))  # 4 - 3 ms at most
+    skew.ended("0/9", t + 14e-3)
+    skew.on_step()
+    overlapped = skew.entry(t + 13.5e-3, {}, key, "0/10")  # entered before the last one ended: no gap
+    assert overlapped.shift == 0.0 and len(skew._pool) == 4  # 0/9 drew one (3 ms), 0/10 none
     quiet = Skew.parse("auto")  # no optimizer step reported: nothing recurs, nothing is drawn
     for i in range(5000):
         assert quiet.entry(i * 10e-3, {}, key, f"0/{i}").draws == ()
-    assert not quiet._last and not quiet._seen  # and nothing is kept: a long run without steps stays flat
+        quiet.ended(f"0/{i}", i * 10e-3 + 1e-3)
+    assert not quiet._open and not quiet._seen and not quiet._gaps  # a long run without steps stays flat
 
 
-def test_auto_skew_does_not_feed_on_the_waits_it_made():
-    """A real rank whose iteration is 10 ms of work plus U(0, 1 ms), at W = 2: each
-    iteration it also waits for its emulated peer's drawn lateness. Two real ranks of that
-    kind take 10 ms + E[max of two U(0, 1 ms)] = 10.667 ms an iteration, and less the waits
-    the draws made (`Skew.waited`), the emulated run does too, its draws within the real
-    rank's own variation. Sampled whole, the waits came back as draws of up to twice that
-    variation and a slower iteration. Seeded: the same every run."""
+@pytest.mark.parametrize("per_iteration", [1, 4])
+@pytest.mark.parametrize("stall", [0.0, 0.05])
+def test_auto_skew_gives_the_iteration_of_ranks_like_the_real_one(per_iteration, stall):
+    """A real rank's iteration: `per_iteration` collectives of 0.5 ms, each after 2.5 ms of
+    work plus U(0, 1 ms), and in each a 4 ms stall (a wake-up left to the next tick) with
+    probability `stall`. Two ranks of that kind take, per collective, 3 ms + E[max of two
+    U(0, 1 ms)] + both ranks' stalls = 3.667 ms + 2 x 4 ms x `stall`. One such rank and an
+    emulated peer under `--skew auto` take the same: the peer enters late by a draw of the
+    real rank's gap excess plus its last stall there, less the real rank's own gap excess.
+    The waits the draws make stay out of the samples (sampled whole, they fed the pool), and
+    each collective draws one gap's variation, not a whole iteration's. Seeded."""
     import random
-    import statistics
 
     from neuronabox.controller.skew import Skew, latest_entry
 
-    def run(charged: bool) -> tuple[list[float], float]:
-        rng, skew, key, t = random.Random(5), Skew.parse("auto", seed=3), ("0", "allreduce", 4096), 0.0
-        periods = []
-        for i in range(400):
-            skew.on_step()
-            entry = skew.entry(t, {}, key, f"0/{i}")
-            if charged:
-                skew.waited(entry, 2, frozenset({0}))
+    rng, skew, t, starts = random.Random(5), Skew.parse("auto", seed=3), 0.0, []
+    for i in range(600):
+        skew.on_step()
+        starts.append(t)
+        for k in range(per_iteration):
+            t += 2.5e-3 + rng.uniform(0.0, 1e-3)  # the real rank works
+            entry = skew.entry(t, {}, ("0", "allreduce", 4096 * (k + 1)), f"0/{i}.{k}", 2, frozenset({0}))
             late = entry.of(1) - entry.t0 if entry.draws else 0.0  # the emulated peer enters this much later
             assert late == pytest.approx(latest_entry(entry, 2, frozenset({0})) if entry.draws else 0.0)
-            periods.append(late + 10e-3 + rng.uniform(0.0, 1e-3))  # the real rank waits for it, then works
-            t += periods[-1]
-        return list(skew._pool), statistics.mean(periods[50:])
-
-    (fed, fed_period), (pool, period) = run(charged=False), run(charged=True)
-    assert max(pool) <= 1e-3 and period == pytest.approx(10e-3 + 2e-3 / 3, abs=20e-6)
-    assert max(fed) > 1.5e-3 and fed_period > period + 40e-6
+            t += late + 0.5e-3 + (4e-3 if rng.random() < stall else 0.0)  # waits for it; its own stall
+            skew.ended(f"0/{i}.{k}", t)
+    iteration = (starts[-1] - starts[100]) / (len(starts) - 101)
+    assert iteration == pytest.approx(per_iteration * (3e-3 + 2e-3 / 3 + 2 * 4e-3 * stall), rel=0.015)
 
 
 def test_a_large_world_waits_for_the_pools_largest_draw():

@@ -351,7 +351,7 @@ def skew_of(spec: str | None, prog: Program) -> Skew:
             return Skew.parse(spec)
         except SkewError as exc:
             raise SimulateError(str(exc)) from None
-    entries = [((op.group, str(op.kind), op.nbytes), op.start) for op in prog.ops]
+    entries = [((op.group, str(op.kind), op.nbytes), op.start, op.end) for op in prog.ops]
     return Skew.recorded(entries, prog.steps)
 
 
