@@ -229,4 +229,6 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
     finally:
         live.stop()
     assert owned_netns(live.proc.pid) == [] and owned_cgroups(live.proc.pid) == [], live.err[-2000:]
-    assert host_state() == before, live.err[-2000:]
+    # Links and qdiscs as before. Namespaces and cgroups: none of this run's (above); another
+    # testbed's may come and go meanwhile (a second suite on the host once failed this).
+    assert host_state()[:2] == before[:2], live.err[-2000:]
