@@ -183,15 +183,13 @@ class Skew:
     def _observe(self, place: tuple, t: float) -> float:
         """The real rank entered `place` at `t`: its gap since its last collective ended is
         one more sample; the gap's excess over the least recent one, plus the place's last
-        stall, is a draw; the excess alone is the real rank's own lateness now. A place
-        entered while a collective was in flight (DDP's buckets, FSDP's prefetched
-        allgathers) has no gap of its own: its last stall alone is the draw."""
-        excess, sampled = 0.0, place in self._stall
-        if self._end is not None and t > self._end:
-            gaps = self._gaps.setdefault(place, deque(maxlen=WINDOW))
-            gaps.append(t - self._end)
-            excess, sampled = gaps[-1] - min(gaps), len(gaps) > 1
-        if sampled:
+        stall, is a draw; the excess alone is the real rank's own lateness now."""
+        if self._end is None or t <= self._end:
+            return 0.0  # entered while one was in flight (DDP's buckets): no gap of its own
+        gaps = self._gaps.setdefault(place, deque(maxlen=WINDOW))
+        gaps.append(t - self._end)
+        excess = gaps[-1] - min(gaps)
+        if len(gaps) > 1:
             self._pool.append(min(excess + self._stall.get(place, 0.0), MAX_DELAY_S))
         return excess
 

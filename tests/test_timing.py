@@ -410,7 +410,7 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
     skew.ended("0/9", t + 14e-3)
     skew.on_step()
     overlapped = skew.entry(t + 13.5e-3, {}, key, "0/10")  # entered before the last one ended: no gap
-    assert overlapped.shift == 0.0 and tuple(skew._pool)[-2:] == pytest.approx((3e-3, 0.0))  # 0/9's gap; 0/10's stall
+    assert overlapped.shift == 0.0 and len(skew._pool) == 4  # 0/9 drew one (3 ms), 0/10 none
     quiet = Skew.parse("auto")  # no optimizer step reported: nothing recurs, nothing is drawn
     for i in range(5000):
         assert quiet.entry(i * 10e-3, {}, key, f"0/{i}").draws == ()
