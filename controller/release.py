@@ -17,8 +17,8 @@ from neuronabox.topology import HostWork, LinkClass
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
-from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks, Schedule
-from neuronabox.schedules.timing import Timeline, timeline_for
+from neuronabox.schedules.gloo import RealRanks, Schedule
+from neuronabox.schedules.timing import Timeline, takes_drawn_skew, timeline_for
 
 from .skew import Skew
 from .work_meter import Sample, WorkMeter, moved, trimmed_mean
@@ -77,7 +77,14 @@ class ReleaseTiming:
         return self.whatif.hop(kind, link)
 
     def timeline(
-        self, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks, t0: float, group: str = "0", tag: int = 0,
+        self,
+        kind: Kind,
+        nbytes: int,
+        schedule: Schedule,
+        real: RealRanks,
+        t0: float,
+        group: str = "0",
+        tag: int = 0,
         work: HostWork | None = None,
     ) -> Timeline | None:
         """The instance's timeline; `group` and `tag` name it (its recurring collective and
@@ -85,16 +92,16 @@ class ReleaseTiming:
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        drawn = not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier))  # they keep the undrawn entry
         entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
-                                (group, str(kind), nbytes), f"{group}/{tag}", schedule.world if drawn else 0,
-                                real.members)  # fmt: skip
+                                (group, str(kind), nbytes), f"{group}/{tag}",
+                                schedule.world if takes_drawn_skew(schedule) else 0, real.members)  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 
     def ended(self, group: str, tag: int, rank_times: dict) -> None:
-        """An instance's book completed; `rank_times`: each real rank's (first, last message)."""
-        if rank_times:
+        """An instance's book completed; `rank_times`: each real rank's (first, last message).
+        Only --skew auto reads it: nothing is done per instance otherwise."""
+        if rank_times and self.skew.mode == "auto":
             self.skew.ended(f"{group}/{tag}", max(last for _, last in rank_times.values()))
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:

@@ -458,3 +458,8 @@ def test_a_large_world_waits_for_the_pools_largest_draw():
     exact = max(small.of(r) for r in range(1, 4))
     assert latest_entry(small, 4, frozenset({0})) == pytest.approx(exact)
     assert latest_entry(small, 2, frozenset({0, 1})) == 0.0  # nobody emulated
+    # beyond EXACT_RANKS: the expected largest of m picks, the pool's m/(m+1) quantile, less the shift
+    pool = Entry(0.0, {}, tuple(i * 1e-3 for i in range(100)), 2e-3, 11)
+    m = EXACT_RANKS + 2
+    assert latest_entry(pool, m + 1, frozenset({0})) == pytest.approx((100 * m // (m + 1)) * 1e-3 - 2e-3)
+    assert latest_entry(pool, 100_001, frozenset({0})) == pytest.approx(97e-3)  # the largest, 99 ms

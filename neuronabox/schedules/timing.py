@@ -176,6 +176,12 @@ class LagTimeline(Timeline):
         return self.hop.latency
 
 
+def takes_drawn_skew(schedule: Schedule) -> bool:
+    """Whether the instance's emulated ranks take drawn entry delays (--skew): rings and
+    one-message collectives do; broadcasts and barriers keep the undrawn entry."""
+    return not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier))
+
+
 def timeline_for(
     schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
 ) -> Timeline | _timing.RingTimeline | _timing.TreeTimeline | _timing.BarrierTimeline:
@@ -184,10 +190,12 @@ def timeline_for(
         return LagTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         return ring_timeline(schedule, hop, entry, real, modeled, work)
+    if not takes_drawn_skew(schedule):
+        entry = entry.undrawn()
     if isinstance(schedule, BinomialBroadcast):
-        return tree_timeline(schedule, hop, entry.undrawn(), real, modeled, work)
+        return tree_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
-        return barrier_timeline(schedule, hop, entry.undrawn(), real, modeled, work)
+        return barrier_timeline(schedule, hop, entry, real, modeled, work)
     raise TypeError(f"no timeline for {type(schedule).__name__}")
 
 
@@ -230,8 +238,8 @@ def reference_arrivals(
                 if m.peer in real:
                     out[(e, m.step)] = ready[e][m.step] + c
         return out
-    if isinstance(schedule, (BinomialBroadcast, DisseminationBarrier)):
-        entry = entry.undrawn()  # drawn skew is the rings' and the one-message collectives'
+    if not takes_drawn_skew(schedule):
+        entry = entry.undrawn()
     if isinstance(schedule, BinomialBroadcast):
         ser = schedule.nbytes / hop.bandwidth
         ready: dict[int, float] = {}
