@@ -100,7 +100,6 @@ class Skew:
         self._end: float | None = None  # auto: when the real rank's latest collective ended
         self._gaps: dict[tuple, deque[float]] = {}  # auto: place -> the real rank's recent gaps there
         self._spans: dict[tuple, deque[float]] = {}  # auto: place -> its recent spans there, less drawn waits
-        self._stall: dict[tuple, float] = {}  # auto: place -> its stall there the last time
         self._open: dict[str, tuple[tuple, float, float]] = {}  # auto: instance -> (place, entry, drawn wait)
         self._pool: deque[float] = deque(maxlen=POOL)
 
@@ -155,7 +154,6 @@ class Skew:
         place, t0, waited = opened
         spans = self._spans.setdefault(place, deque(maxlen=WINDOW))
         spans.append(max(0.0, t - t0 - waited))
-        self._stall[place] = spans[-1] - min(spans)
 
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
@@ -189,7 +187,9 @@ class Skew:
         gaps.append(t - self._end)
         excess = gaps[-1] - min(gaps)
         if len(gaps) > 1:
-            self._pool.append(min(excess + self._stall.get(place, 0.0), MAX_DELAY_S))
+            spans = self._spans.get(place)
+            stall = spans[-1] - min(spans) if spans else 0.0  # its last span's excess
+            self._pool.append(min(excess + stall, MAX_DELAY_S))
         return excess
 
 
