@@ -33,6 +33,9 @@ ELEM_SIZES = {
 }
 
 
+NOTED_MAX = 4096  # sizes told and not asked for yet (each real rank of a group tells its own)
+
+
 class Question(NamedTuple):
     """An open question to real rank `real`'s observer about instance (group, slot)."""
 
@@ -72,12 +75,21 @@ class ObserverLink:
         self.hub.on_step = on_step
         self.hub.on_dtypes = on_dtypes
         self.hub.on_loaded = on_loaded
+        self.hub.on_meta = self._on_noted
+        self._call_at = call_at
         self._questions: dict[int, Question] = {}
         self._qid = 0
+        self._noted: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, numel, dtype)
 
     # -- the engine's questions ------------------------------------------------------------
     def request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
-        """Ask for the instance's element count and dtype (the engine's `request_meta`)."""
+        """Ask for the instance's element count and dtype (the engine's `request_meta`). If
+        its call already told them, the answer comes at the loop's next turn, unasked."""
+        note = self._noted.pop((group, split_slot(slot)[1]), None)
+        if note is not None and note[0] == kind:
+            numel, dtype = note[1], note[2]
+            self._call_at(0.0, lambda: self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype))
+            return True
         return self._ask(Question(group, slot, real, False), {"kind": kind})
 
     def request_input(self, group: str, slot: int, real: int) -> bool:
@@ -115,6 +127,20 @@ class ObserverLink:
             self.engine.on_meta(group, slot, None)
         else:
             self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype)
+
+    def _on_noted(self, group: str, tag: int, kind: str, numel: int, dtype: str) -> None:
+        """A real rank's call told its ring's size as it entered (neuronabox/observer/sizes.py):
+        the answer to the question already open for it, or kept for the one to come."""
+        if dtype not in ELEM_SIZES:
+            return  # the question, if one comes, is answered from the flight recorder
+        for q, question in self._questions.items():
+            if not question.is_input and question.group == group and split_slot(question.slot)[1] == tag:
+                del self._questions[q]  # its reply, when it comes, finds no question
+                self.engine.on_meta(group, question.slot, numel, ELEM_SIZES[dtype], dtype)
+                return
+        self._noted[(group, tag)] = (kind, numel, dtype)
+        if len(self._noted) > NOTED_MAX:
+            del self._noted[next(iter(self._noted))]
 
     def _on_lost(self, rank: int) -> None:
         """A real rank's observer went away: its open questions fall back to the wire

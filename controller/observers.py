@@ -1,7 +1,7 @@
 """The controller's end of the observer link: real ranks' observers dial in, the
 controller asks them for what the wire does not carry (an allreduce's element
-count and size) and hears of groups, receives from any source, optimizer steps and
-the dtypes of the collectives issued. JSON lines over TCP.
+count and size) and hears of groups, receives from any source, optimizer steps,
+the dtypes of the collectives issued, and the sizes of rings the wire leaves open. JSON lines over TCP.
 
 The port is open to every local process, so a connection counts only once its first
 line is the run's hello, carrying the secret the controller wrote to its ready file
@@ -34,6 +34,7 @@ FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "anysource": (("anysource", str), ("tag", int), ("nbytes", int)),
     "step": (("t", (int, float)),),
     "dtypes": (("dtypes", list),),
+    "meta": (("meta", str), ("tag", int), ("kind", str), ("numel", int), ("dtype", str)),
     "q": (("q", int),),
     "loaded": (("loaded", str),),
 }
@@ -69,6 +70,7 @@ class ObserverHub:
         self.on_loaded: Callable[[int], None] | None = None  # a real rank's torch.distributed loaded
         self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
+        self.on_meta: Callable[[str, int, str, int, str], None] | None = None  # a ring's size, as its call entered
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
         self.on_anysource: Callable[[int, str, int, int], None] | None = None
@@ -167,7 +169,7 @@ class ObserverHub:
             raise ObserverError(
                 f"the observer of real rank {rank} sent a line that is not a JSON object ({why}): {bytes(line[:80])!r}"
             )
-        key = next((k for k in ("hello", "group", "anysource", "step", "dtypes", "loaded", "q") if k in msg), None)
+        key = next((k for k in ("hello", *FIELDS) if k in msg), None)
         if key is None or key == "hello":  # a repeated hello, or a message of a later observer: nothing to do
             return
         for name, kind in FIELDS[key]:
@@ -187,6 +189,9 @@ class ObserverHub:
         elif key == "loaded":
             if self.on_loaded:
                 self.on_loaded(rank)
+        elif key == "meta":
+            if self.on_meta:
+                self.on_meta(msg["meta"], msg["tag"], msg["kind"], msg["numel"], msg["dtype"])
         elif key == "dtypes":
             if not all(isinstance(d, list) and list(map(type, d)) == [str, int, str] for d in msg["dtypes"]):
                 self._malformed(rank, key, "dtypes", msg)

@@ -15,7 +15,6 @@ from enum import Enum, auto
 
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import (
-    MAX_SEGMENT_BYTES,
     BinomialBroadcast,
     DisseminationBarrier,
     RingAllgather,
@@ -24,7 +23,7 @@ from neuronabox.schedules.gloo import (
     Schedule,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
-from neuronabox.schedules.gloo_reduce import RingReduce, reduce_geometry
+from neuronabox.schedules.gloo_reduce import RingReduce, ring_geometry, segments_are_2w, size_on_wire
 
 from .dialect import Data, Event, RecvReady, SendReady
 from .groups import Conn, Group
@@ -131,7 +130,17 @@ class ShapeInference:
         """The observer's answer for a ring: the tensor's element count and size."""
         self._move_question(Question.ANSWERED)
         self.numel, self.elem = numel, elem
-        geo = self._ring_geometry(self.group.world, numel * elem, elem)
+        geo = ring_geometry(self.group.world, numel * elem, elem, self.kind == Kind.REDUCE)
+        # A wrong answer (an observer's tag bookkeeping gone astray) would send the wrong
+        # segments: it ends the run here, naming both sizes. A reduce's notices may include
+        # its gather to the root, longer than a segment: only an allreduce is checked.
+        wire = max((e.length for evs in self.notices.values() for _, e in evs if not isinstance(e, Data)), default=0)
+        whole = geo.total >= (geo.num_segments - 1) * geo.segment_bytes  # every block-start segment is full
+        if self.kind == Kind.ALLREDUCE and (wire > geo.segment_bytes or (wire and whole and wire != geo.segment_bytes)):
+            raise ProtocolError(
+                f"{self.name}: the observer says {numel} elements of {elem} bytes (segments of "
+                f"{geo.segment_bytes} bytes), but a real rank's frames carry segments of {wire}"
+            )
         self.geometry = f"segments={geo.num_segments}x{geo.segment_bytes} (observer)"
         self.nbytes = geo.total
         return self._ring(geo)
@@ -259,11 +268,6 @@ class ShapeInference:
         self.geometry = f"root={root}"
         return RootedPairwise(self.kind, self.group.world, root, ev.length)
 
-    def _ring_geometry(self, world: int, total: int, elem: int) -> RingGeometry:
-        if self.kind == Kind.REDUCE:
-            return reduce_geometry(world, total, elem)
-        return RingGeometry.for_tensor(world, total, elem)
-
     def _ring(self, geo: RingGeometry) -> Schedule:
         return RingReduce(geo) if self.kind == Kind.REDUCE else RingAllreduce.of(geo)
 
@@ -282,8 +286,8 @@ class ShapeInference:
         lens = [e.length for evs in self.notices.values() for _, e in evs if not isinstance(e, Data)]
         seg = max(lens)
         w = self.group.world
-        two_w = seg < MAX_SEGMENT_BYTES if self.kind == Kind.REDUCE else seg <= MAX_SEGMENT_BYTES * 2 // 3
-        certain = two_w and seg >= 8 * 2 * w
+        reduce = self.kind == Kind.REDUCE
+        two_w, certain = segments_are_2w(seg, reduce), size_on_wire(w, seg, reduce)
         if not certain and self.question is Question.NOT_ASKED and self._ask_observer(self.first[0].real):
             return None
         num = 2 * w if two_w else 3 * w

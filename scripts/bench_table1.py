@@ -12,8 +12,11 @@ or emulated (docs/fidelity.md, "Tick stalls").
 Each reference flag adds a run to the rotation, the emulated side with one part off:
 --python-starts starts every book from Python (NEURONABOX_NATIVE_START=0), and
 --sleeping-loop lets the controller's loop sleep between frames (NEURONABOX_BUSY_POLL=0)
-rather than poll on its core of its own.
+rather than poll on its core of its own, and --recorder-sizes has the controller ask the
+real rank for every ring size the wire leaves open (from 4 MiB here), answered from a dump
+of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NOTES=0).
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
+       [--recorder-sizes]
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ def all_real(nbytes: int) -> dict:
 REFERENCES = {  # flag -> (column, the environment that turns its part off)
     "python_starts": ("Python starts", {"NEURONABOX_NATIVE_START": "0"}),
     "sleeping_loop": ("sleeping loop", {"NEURONABOX_BUSY_POLL": "0"}),
+    "recorder_sizes": ("sizes asked of the recorder", {"NEURONABOX_SIZE_NOTES": "0"}),
 }
 
 
@@ -104,6 +108,9 @@ def main() -> None:
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--python-starts", action="store_true", help="also run with every book started from Python")
     ap.add_argument("--sleeping-loop", action="store_true", help="also run with the controller's loop sleeping")
+    ap.add_argument(
+        "--recorder-sizes", action="store_true", help="also run with open ring sizes asked of the flight recorder"
+    )
     args = ap.parse_args()
     refs = [name for name in REFERENCES if getattr(args, name)]
     sizes = [parse_size(s) for s in args.sizes.split(",")]

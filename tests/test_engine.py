@@ -225,6 +225,24 @@ def test_a_wrong_length_names_the_collective_the_pair_and_the_step():
         side.say(0, m.peer)
 
 
+def test_an_observer_answer_that_contradicts_the_wire_names_both_sizes():
+    """9 MiB at W = 2 runs in ten 1 MiB-ish segments, which the wire cannot count: the
+    observer tells the size. An answer of 5 MiB (segments of 873816 bytes) against the
+    real rank's 943720-byte segments would send the wrong frames: it ends the run, saying so."""
+    world, total = 2, 9437184
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 5), meta=True)
+    asked = []
+    side.engine.request_meta = lambda g, slot, r, kind: asked.append(kind) or True
+    m = sched.recvs(0)[0]
+    side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes)
+    side.say(0, m.peer)
+    assert asked == ["all_reduce"] and m.nbytes == 943720
+    said = r"allreduce #5 .*observer says 1310720 elements .*segments of 873816 bytes.*segments of 943720"
+    with pytest.raises(ProtocolError, match=said):
+        side.engine.on_meta("0", side.slot, 1310720, 4)
+
+
 def test_an_unknown_collective_names_its_slot_prefix_and_group():
     unknown = max(SlotPrefix) + 1
     side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(unknown, 2))

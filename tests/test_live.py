@@ -90,3 +90,28 @@ def test_a_script_without_an_optimizer_is_said_to_have_taken_no_step_not_to_lack
     res = run("torchrun", "--nnodes", "2", COLLECTIVES, "--sizes", "64", "--dtypes", "float32")
     assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
     assert "optimizer steps not observed (the observer saw no optimizer.step())" in res.out
+
+
+@pytest.mark.parametrize(
+    "nnodes,real_nodes,elements",
+    [(2, "0", "2359296,1310720,1400001"), (4, "0,2", "2359296,1400001"), (16, "3", "100,2359296")],
+)
+def test_a_ring_the_wire_leaves_open_is_sized_as_its_call_enters(run, tmp_path, nnodes, real_nodes, elements):
+    """Full 1 MiB segments (and tiny ones at 16 ranks) do not say how many there are: the
+    call's own note tells the controller, past point-to-point calls that move the group's
+    sequence number but not Gloo's tag. With PyTorch's flight recorder off, the notes are
+    the only source: the sizes the wire would guess are wrong (9 MiB in 10 segments, not 6),
+    and the engine would reject the real rank's frames."""
+    trace = tmp_path / "trace.json"
+    res = run(
+        "torchrun", "--nnodes", str(nnodes), "--real-nodes", real_nodes, "--trace", str(trace),
+        str(SCRIPTS / "ring_sizes.py"), "--elements", elements,
+        env={"TORCH_FR_BUFFER_SIZE": "0"},
+    )  # fmt: skip
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    assert res.out.count("all checks passed") == len(real_nodes.split(","))
+    rings = [i for i in load_trace(trace)["instances"] if i["kind"] in ("allreduce", "reduce")]
+    assert len(rings) == 2 * 2 * len(elements.split(","))  # two iterations
+    told = [i for i in rings if "(wire)" not in i["geometry"]]  # sizes only the call could tell
+    assert len(told) >= 2 and all("(observer)" in i["geometry"] for i in told), [i["geometry"] for i in rings]
+    assert {i["numel"] for i in told} <= set(map(int, elements.split(",")))

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from . import calls
+from . import calls, sizes
 from .steps import on_step
 
 _lock = threading.Lock()
@@ -158,10 +158,7 @@ def _serve(host: str, port: int) -> None:
         *lines, buf = buf.split(b"\n")
         waiting += [(json.loads(line), time.monotonic() + INPUT_WAIT_S) for line in lines]
         still = []
-        try:
-            entries = calls.flight_records() if waiting else []  # one dump per pass
-        except Exception:
-            entries = []
+        entries = functools.cache(_records)  # one dump per pass, and only if a question needs it
         for q, deadline in waiting:
             try:
                 if "input" in q:
@@ -177,6 +174,13 @@ def _serve(host: str, port: int) -> None:
             else:
                 _send(reply)
         waiting = still
+
+
+def _records() -> list[dict]:
+    try:
+        return calls.flight_records()
+    except Exception:  # no recorder: the controller falls back to the wire
+        return []
 
 
 def _report_dtypes() -> None:
@@ -203,9 +207,17 @@ def _report() -> int | None:
     """Send the dtypes of the collectives issued since the last report; how many (None: no recorder)."""
     with _report_lock:
         try:
-            found = calls.dtypes_since(calls.flight_records(), _reported)
+            entries = calls.flight_records()
+            found = calls.dtypes_since(entries, _reported)
         except Exception:  # no recorder (TORCH_FR_BUFFER_SIZE=0), or torch going down: dtypes stay unknown
             return None
+        for group in sizes.check(entries):
+            print(
+                f"neuronabox observer: group {group!r}: a noted size disagrees with the flight recorder "
+                "(a point-to-point call past ProcessGroup?); its sizes come from the recorder from now on",
+                file=sys.stderr,
+                flush=True,
+            )
         if found:
             _send({"dtypes": found})
         return len(found)
@@ -234,6 +246,7 @@ def start() -> None:
             del targets[name]
     if targets:
         sys.meta_path.insert(0, _WrapOnLoad(targets))
+    sizes.push = _send  # a ring's size, as its call enters
     atexit.register(_report_at_exit)  # the last steps' dtypes, which the rule above may still hold
     host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
     threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()

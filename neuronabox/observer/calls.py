@@ -33,8 +33,11 @@ import pickle
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from neuronabox.schedules.gloo import RealRanks
+
+from . import sizes
 
 _lock = threading.Lock()
 _inputs: dict[tuple[str, int], dict] = {}  # (group, sequence number) -> the input
@@ -175,6 +178,7 @@ def _group(a: dict):
 
 def install(c10d, mirror: bool) -> None:
     """Wrap c10d's functions as the module loads (before torch.distributed copies them)."""
+    sizes.install(c10d)
 
     def broadcast_root(a):
         pg = _group(a)
@@ -403,29 +407,32 @@ def _watch_rebuild(ddp) -> None:
         _note_input(pg, [torch.tensor(values, dtype=torch.int32)], None, None, seq + k)
 
 
-def meta_of(query: dict, entries: list[dict]) -> dict:
-    """An allreduce's element count and dtype (a coalesced call flattens its tensors,
-    one dtype, into one buffer)."""
-    e = _entry(entries, query["pg"], query["tag"])
+def meta_of(query: dict, entries: Callable[[], list[dict]]) -> dict:
+    """An allreduce's element count and dtype: as its call noted them (observer/sizes.py),
+    else from the recorder (a coalesced call flattens its tensors, one dtype, into one buffer)."""
+    note = sizes.noted(query["pg"], query["tag"], query["kind"])
+    if note is not None:
+        return {"q": query["q"], "numel": note[0], "dtype": note[1]}
+    e = _entry(entries(), query["pg"], query["tag"])
     if e is None or not e.get("profiling_name", "").startswith(f"gloo:{query['kind']}"):
         return {"q": query["q"], "numel": None}
     numel = sum(math.prod(size) for size in e["input_sizes"])
     return {"q": query["q"], "numel": numel, "dtype": e["input_dtypes"][0]}
 
 
-def root_of(query: dict, entries: list[dict]) -> dict:
+def root_of(query: dict, entries: Callable[[], list[dict]]) -> dict:
     """A broadcast's root (group rank), for the controller's question by tag."""
-    seq = _op_of(entries, query["pg"], query["tag"])
+    seq = _op_of(entries(), query["pg"], query["tag"])
     with _lock:
         root = None if seq is None else _roots.get((query["pg"], seq))
     return {"q": query["q"], "root": root}
 
 
-def input_of(query: dict, entries: list[dict], deadline: float) -> dict | None:
+def input_of(query: dict, entries: Callable[[], list[dict]], deadline: float) -> dict | None:
     """The input of the collective with this tag; {"data": None} if nothing was noted
     (its emulated messages stay zeros); None to ask again later (not issued yet)."""
     group = query["pg"]
-    seq = _op_of(entries, group, query["tag"])
+    seq = _op_of(entries(), group, query["tag"])
     if seq is None:
         return None if time.monotonic() < deadline else {"q": query["q"], "data": None}
     with _lock:

@@ -19,6 +19,25 @@ def reduce_geometry(world: int, total: int, elem: int, max_segment: int = MAX_SE
     return RingGeometry(world, total, num, seg)
 
 
+def ring_geometry(world: int, total: int, elem: int, reduce: bool) -> RingGeometry:
+    """The segments of an allreduce's ring, or of a reduce's (`reduce`)."""
+    return reduce_geometry(world, total, elem) if reduce else RingGeometry.for_tensor(world, total, elem)
+
+
+def segments_are_2w(seg: int, reduce: bool) -> bool:
+    """Whether a ring whose full segment is `seg` bytes has exactly 2W segments: an
+    allreduce's does when seg <= 2/3 of the maximum, a reduce's when it is under it."""
+    return seg < MAX_SEGMENT_BYTES if reduce else seg <= MAX_SEGMENT_BYTES * 2 // 3
+
+
+def size_on_wire(world: int, seg: int, reduce: bool) -> bool:
+    """Whether a ring's tensor size follows from its full segment `seg` as it crosses the
+    wire: 2W segments, none of them empty, so only the last one's length is open (read off
+    the wire when it comes). Otherwise the size is the call's alone: the controller's shape
+    inference asks the observer, and the observer tells it as the call enters."""
+    return segments_are_2w(seg, reduce) and seg >= 8 * 2 * world
+
+
 class RingReduce(RingAllreduce):
     """gloo::reduce: iterations i < numSegments-2 move segments leftward exactly like
     allreduce's reduce-scatter (rank x sends to x-1 what it received per_rank steps

@@ -1,0 +1,130 @@
+"""A ring's size, told as the call enters, where Gloo's wire does not carry it.
+
+An allreduce or reduce whose segments are full (from 2/3 MiB) or tiny has a size the
+controller cannot read off the real ranks' frames (neuronabox/schedules/gloo_reduce.py,
+`size_on_wire`). Asking for it after the first frame cost a round trip and a dump of
+PyTorch's flight recorder on the real rank's core (about 4 us an entry, 0.3 ms for 64)
+for every such instance. Instead the c10d function, as it is called, notes the tensor's
+element count and dtype under the instance's Gloo tag and sends them to the controller
+at once (`push`), before the call puts its first frame on the wire; a question that
+comes anyway is answered from the note.
+
+The tag is the group's sequence number less the point-to-point operations it counted:
+ProcessGroupGloo numbers every operation, but gives a tag to collectives only. The
+point-to-point calls are counted at ProcessGroup's own methods, which every path to
+them takes. Whenever the flight recorder is read anyway (the dtype reports), the notes
+it still holds are checked against it; a group whose notes disagree is answered from
+the recorder from then on, and the controller checks every answer against the wire.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from neuronabox.schedules.gloo_reduce import ring_geometry, size_on_wire
+
+KEEP = 4096  # notes kept; older ones were asked for long ago, or never will be
+P2P_METHODS = ("send", "recv", "recv_anysource")
+RING_CALLS = {"all_reduce": (2, False), "reduce": (3, True)}  # c10d function -> (its group's position, a reduce)
+
+_lock = threading.Lock()
+_p2p: dict[object, int] = {}  # process group -> the point-to-point operations it issued
+_notes: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, element count, dtype)
+_untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
+push: Callable[[dict], None] | None = None  # the agent's line to the controller
+
+
+def _c10d():
+    return sys.modules["torch.distributed.distributed_c10d"]
+
+
+def install(c10d) -> None:
+    """Count point-to-point operations per group, and wrap the ring collectives' functions
+    (NEURONABOX_SIZE_NOTES=0: not, every such size from the recorder, a benchmark's reference)."""
+    if os.environ.get("NEURONABOX_SIZE_NOTES", "1") == "0":
+        return
+    pg_class = c10d.ProcessGroup
+    for name in P2P_METHODS:
+        if hasattr(pg_class, name):
+            setattr(pg_class, name, _counting(getattr(pg_class, name)))
+    for name, (group_at, reduce) in RING_CALLS.items():
+        setattr(c10d, name, _sizing(getattr(c10d, name), name, group_at, reduce))
+
+
+def _counting(method):
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        with _lock:
+            _p2p[self] = _p2p.get(self, 0) + 1
+        return method(self, *args, **kwargs)
+
+    return counted
+
+
+def _sizing(fn, op: str, group_at: int, reduce: bool):
+    @functools.wraps(fn)
+    def sized(*args, **kwargs):
+        try:
+            tensor = args[0] if args else kwargs.get("tensor")
+            group = args[group_at] if len(args) > group_at else kwargs.get("group")
+            _note(op, reduce, tensor, group)
+        except Exception:  # a note never breaks the call: the controller asks instead
+            pass
+        return fn(*args, **kwargs)
+
+    return sized
+
+
+def _note(op: str, reduce: bool, tensor, group) -> None:
+    c10d = _c10d()
+    pg = group if group is not None else c10d._get_default_group()
+    world = pg.size()
+    numel, elem = tensor.numel(), tensor.element_size()
+    if world < 2 or tensor.is_sparse:
+        return
+    if size_on_wire(world, ring_geometry(world, numel * elem, elem, reduce).segment_bytes, reduce):
+        return  # the controller reads it off the wire
+    if pg in getattr(c10d._world, "pg_coalesce_state", {}):
+        return  # a coalesced call flattens several tensors under one tag: the recorder says
+    name = c10d._get_process_group_name(pg)
+    if name in _untrusted:
+        return
+    dtype = tensor.type().rsplit(".", 1)[-1].removesuffix("Tensor")  # c10's name: Float, BFloat16, ...
+    with _lock:
+        tag = pg._get_sequence_number_for_group() - _p2p.get(pg, 0)
+        _notes[(name, tag)] = (op, numel, dtype)
+        if len(_notes) > KEEP:
+            del _notes[next(iter(_notes))]
+    if push is not None:
+        push({"meta": name, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
+
+
+def noted(group: str, tag: int, op: str) -> tuple[int, str] | None:
+    """(element count, dtype) of the group's `op` with this tag, as its call noted them."""
+    with _lock:
+        note = None if group in _untrusted else _notes.get((group, tag))
+    return None if note is None or note[0] != op else (note[1], note[2])
+
+
+def check(entries: list[dict]) -> list[str]:
+    """Check the notes the recorder's `entries` still cover; the groups found wrong (from
+    now on answered from the recorder)."""
+    wrong = []
+    with _lock:
+        for e in entries:
+            group, tag = e["process_group"][0], e.get("collective_seq_id", 0) - 1
+            note = _notes.get((group, tag))
+            if note is None or group in _untrusted:
+                continue
+            numel = sum(math.prod(size) for size in e.get("input_sizes", []))
+            if not e.get("profiling_name", "").startswith(f"gloo:{note[0]}") or numel != note[1]:
+                _untrusted.add(group)
+                wrong.append(group)
+        for key in [k for k in _notes if k[0] in _untrusted]:
+            del _notes[key]
+    return wrong
