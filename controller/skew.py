@@ -19,16 +19,21 @@ delay drawn, per rank and per instance, from a distribution (`schedules.timing.E
   ended: its **gap** (the time from that end to its entry) and, as the collective runs,
   its stalls inside it. At each place, the real rank's gap in excess of the least of its
   recent gaps there, plus its stall there the iteration before (the collective's span
-  in excess of its least, less the wait its draws made), is one draw. An instance's
-  draws are shifted down by the real rank's own gap excess this time: the emulated
-  ranks are late relative to it, and its own stall comes by itself. Without optimizer
+  in excess of its least, less the wait its draws made), is one draw. An instance
+  draws from its place's own recent draws (from the pool of every place's until it has
+  PLACE_DRAWS): a collective entered right after a blocking one finds its ranks in step,
+  another after a variable stretch of compute does not. The draws are shifted down by
+  the real rank's own gap excess this time: the emulated ranks are late relative to it,
+  and its own stall comes by itself. Without optimizer
   steps (no observer) no collective recurs, and auto draws nothing.
 
 Why gaps: an earlier version sampled the real rank's whole period from entry to entry.
 Its waits for late emulated peers then came back as larger draws (at W = 2 the MLP came
 out 10% slow), and with several collectives an iteration each place drew a whole
 iteration's variation (a model of 4 collectives an iteration came out 5% to 13% slow
-against two ranks of its kind; `tests/test_timing.py` plays both).
+against two ranks of its kind; `tests/test_timing.py` plays both). Why places draw their
+own: with one pool, a collective entered in step (an iteration's first allgather, right
+after the last one's reduce) drew the others' variation, 1.5% to 8% slow in the models.
 
 The draws are seeded (`seed`, and the instance's key), so a run is repeatable.
 """
@@ -47,6 +52,7 @@ MAX_FILE_BYTES = 1 << 20
 MAX_DRAWS = 4096  # a file's distribution is kept whole up to this many delays
 WINDOW = 32  # auto: the samples kept per recurring collective
 POOL = 256  # auto: the draws kept over all of them
+PLACE_DRAWS = 4  # auto: a place draws from its own samples once it has this many, before from the pool
 MAX_DELAY_S = 60.0
 MAX_OPEN = 4096  # auto: instances entered and not yet ended, kept for their spans
 EXACT_RANKS = 16  # `latest_entry` draws this many emulated ranks one by one (189 us at 256: on the loop)
@@ -102,6 +108,8 @@ class Skew:
         self._spans: dict[tuple, deque[float]] = {}  # auto: place -> its recent spans there, less drawn waits
         self._open: dict[str, tuple[tuple, float, float]] = {}  # auto: instance -> (place, entry, drawn wait)
         self._pool: deque[float] = deque(maxlen=POOL)
+        self._drawn: dict[tuple, deque[float]] = {}  # auto: place -> its own recent draws
+        self._replay: dict[tuple, deque[tuple[float, ...]]] = {}  # recorded: key -> each instance's draws, in order
 
     @classmethod
     def parse(cls, spec: str | None, seed: int = 0) -> Skew:
@@ -131,7 +139,10 @@ class Skew:
             self._seen[key] = k + 1
             place = (*key, k)
             shift = self._observe(place, t0)
-            draws = tuple(self._pool)
+            own = self._drawn.get(place, ())
+            draws = tuple(own if len(own) >= PLACE_DRAWS else self._pool)
+        elif self._replay.get(key):
+            draws = self._replay[key].popleft()
         entry = Entry(t0, stragglers)
         if draws:
             entry = Entry(t0, stragglers, draws, shift, self.seed ^ zlib.crc32(instance.encode()))
@@ -162,20 +173,25 @@ class Skew:
 
     @classmethod
     def recorded(cls, entries: list[tuple[tuple, float, float]], steps: list[float], seed: int = 0) -> Skew:
-        """`auto` for a replay: the draws a live run would have pooled from the real rank's
-        recorded collectives ((group, kind, bytes), entry, end) and its optimizer steps, fixed."""
+        """`auto` for a replay: the draws a live run would have made from the real rank's
+        recorded collectives ((group, kind, bytes), entry, end) and its optimizer steps, fixed:
+        each instance of a key, in order, draws from what its place had then; past them (a
+        replay of another program), from the pool."""
         skew = cls("auto", seed=seed)
         events = [(t, 1, -1, ()) for t in steps]
         for i, (key, start, end) in enumerate(entries):
             events += [(start, 2, i, key), (end, 0, i, key)]  # at one time: an end, a step, then an entry
+        replay: dict[tuple, deque[tuple[float, ...]]] = {}
         for t, what, i, key in sorted(events, key=lambda e: e[:3]):
             if what == 1:
                 skew.on_step()
             elif what == 2:
-                skew.entry(t, {}, key, str(i))
+                replay.setdefault(key, deque()).append(skew.entry(t, {}, key, str(i)).draws)
             else:
                 skew.ended(str(i), t)
-        return cls("fixed", tuple(skew._pool), seed)
+        fixed = cls("fixed", tuple(skew._pool), seed)
+        fixed._replay = replay
+        return fixed
 
     def _observe(self, place: tuple, t: float) -> float:
         """The real rank entered `place` at `t`: its gap since its last collective ended is
@@ -189,7 +205,9 @@ class Skew:
         if len(gaps) > 1:
             spans = self._spans.get(place)
             stall = spans[-1] - min(spans) if spans else 0.0  # its last span's excess
-            self._pool.append(min(excess + stall, MAX_DELAY_S))
+            draw = min(excess + stall, MAX_DELAY_S)
+            self._pool.append(draw)
+            self._drawn.setdefault(place, deque(maxlen=WINDOW)).append(draw)
         return excess
 
 
