@@ -24,8 +24,8 @@ delay drawn, per rank and per instance, from a distribution (`schedules.timing.E
   PLACE_DRAWS): a collective entered right after a blocking one finds its ranks in step,
   another after a variable stretch of compute does not. The draws are shifted down by
   the real rank's own gap excess this time: the emulated ranks are late relative to it,
-  and its own stall comes by itself. Without optimizer
-  steps (no observer) no collective recurs, and auto draws nothing.
+  and its own stall comes by itself. Without optimizer steps (no observer) no
+  collective recurs, and auto draws nothing.
 
 Why gaps: an earlier version sampled the real rank's whole period from entry to entry.
 Its waits for late emulated peers then came back as larger draws (at W = 2 the MLP came
@@ -97,7 +97,13 @@ class Skew:
     """Where the emulated ranks' drawn entry delays come from. `mode`: none; auto; or
     fixed: the draws given (a file's, or those a recorded run pooled: `recorded`)."""
 
-    def __init__(self, mode: str = "none", draws: tuple[float, ...] = (), seed: int = 0) -> None:
+    def __init__(
+        self,
+        mode: str = "none",
+        draws: tuple[float, ...] = (),
+        seed: int = 0,
+        replay: dict[tuple, deque[tuple[float, ...]]] | None = None,
+    ) -> None:
         self.mode = mode
         self.draws = draws
         self.seed = seed
@@ -109,7 +115,7 @@ class Skew:
         self._open: dict[str, tuple[tuple, float, float]] = {}  # auto: instance -> (place, entry, drawn wait)
         self._pool: deque[float] = deque(maxlen=POOL)
         self._drawn: dict[tuple, deque[float]] = {}  # auto: place -> its own recent draws
-        self._replay: dict[tuple, deque[tuple[float, ...]]] = {}  # recorded: key -> each instance's draws, in order
+        self._replay = replay or {}  # recorded: key -> each instance's draws, in order
 
     @classmethod
     def parse(cls, spec: str | None, seed: int = 0) -> Skew:
@@ -189,9 +195,7 @@ class Skew:
                 replay.setdefault(key, deque()).append(skew.entry(t, {}, key, str(i)).draws)
             else:
                 skew.ended(str(i), t)
-        fixed = cls("fixed", tuple(skew._pool), seed)
-        fixed._replay = replay
-        return fixed
+        return cls("fixed", tuple(skew._pool), seed, replay)
 
     def _observe(self, place: tuple, t: float) -> float:
         """The real rank entered `place` at `t`: its gap since its last collective ended is
