@@ -127,7 +127,10 @@ def test_validate_noise_floor_runs_all_real_against_all_real(run, tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert [r["mode"] for r in rows] == ["all-real", "all-real-again", "error"]
     first, again = float(rows[0]["median_ms"]), float(rows[1]["median_ms"])
-    assert float(rows[-1]["error_pct"]) == pytest.approx((again / first - 1) * 100, abs=0.1)
+    # The CSV's medians are rounded to 1 us: a slow second run (a 7x outlier under the suite's
+    # load) makes that rounding worth more than 0.1 of a percentage point; the bound follows it.
+    rounding = 100 * 0.0005 * (1 / first + again / first**2)
+    assert float(rows[-1]["error_pct"]) == pytest.approx((again / first - 1) * 100, abs=rounding + 0.005)
 
 
 NO_OPTIMIZER = """
