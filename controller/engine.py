@@ -78,7 +78,6 @@ class Instance:
         self.lag: float | None = None  # the record's `lag` (Book.lag: past release and inputs, the latest send)
         self.turnarounds: list[float] = []  # the real ranks' (Book.take_turnarounds), for the local-work meter
         self.work: tuple[float, float] | None = None  # the measured local work its timeline charged (the trace's)
-        self.dtype: str | None = None  # the observer's, when it was asked
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.program: Program | None = None  # the recorded program its book loaded (the shape's)
         self.native = False  # its book was started natively (adopt)
@@ -144,8 +143,7 @@ class Instance:
         self._try_resolve()
 
     def on_meta(self, numel: int, elem: int, dtype: str | None = None) -> None:
-        self.dtype = dtype
-        self._install(self.shape.from_meta(numel, elem))
+        self._install(self.shape.from_meta(numel, elem, dtype))
 
     def meta_unavailable(self) -> None:
         self.shape.unavailable()
@@ -329,7 +327,7 @@ class Instance:
         rec = acc.record(self.group.name, self.tag, self.kind, self.nbytes, self.geometry, end, self.predicted, cpu)
         rec.world, rec.ranks = self.group.world, list(self.group.ranks)
         rec.root = getattr(self.schedule, "root", None)
-        rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.dtype
+        rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.shape.dtype
         rec.lag = self.lag
         rec.work = self.work
         rec.native = self.native

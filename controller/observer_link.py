@@ -14,10 +14,13 @@ import socket
 from collections.abc import Callable
 from typing import NamedTuple
 
+from neuronabox.schedules.gloo_reduce import fits_wire
+
 from .dialects.gloo.wire import split_slot
 from .engine import Engine
 from .mirror import DTYPES, MirrorInput
 from .observers import ObserverHub
+from .shape import Told
 
 ELEM_SIZES = {
     "Float": 4,
@@ -76,21 +79,22 @@ class ObserverLink:
         self.hub.on_dtypes = on_dtypes
         self.hub.on_loaded = on_loaded
         self.hub.on_meta = self._on_noted
-        self._call_at = call_at
         self._questions: dict[int, Question] = {}
         self._qid = 0
         self._noted: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, numel, dtype)
 
     # -- the engine's questions ------------------------------------------------------------
-    def request_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
-        """Ask for the instance's element count and dtype (the engine's `request_meta`). If
-        its call already told them, the answer comes at the loop's next turn, unasked."""
+    def request_meta(self, group: str, slot: int, real: int, kind: str, world: int, wire: int) -> bool | Told:
+        """The instance's element count, size and dtype (the engine's `request_meta`): at once
+        if its call told them and they fit the wire (`wire`: the longest segment its frames
+        carried), else asked of the observer, which checks its own note the same way."""
         note = self._noted.pop((group, split_slot(slot)[1]), None)
         if note is not None and note[0] == kind:
             numel, dtype = note[1], note[2]
-            self._call_at(0.0, lambda: self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype))
-            return True
-        return self._ask(Question(group, slot, real, False), {"kind": kind})
+            elem = ELEM_SIZES[dtype]
+            if fits_wire(world, numel * elem, elem, kind == "reduce", wire):
+                return numel, elem, dtype
+        return self._ask(Question(group, slot, real, False), {"kind": kind, "world": world, "seg": wire})
 
     def request_input(self, group: str, slot: int, real: int) -> bool:
         """Ask for the instance's input (the engine's `request_input`)."""
@@ -129,15 +133,11 @@ class ObserverLink:
             self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype)
 
     def _on_noted(self, group: str, tag: int, kind: str, numel: int, dtype: str) -> None:
-        """A real rank's call told its ring's size as it entered (neuronabox/observer/sizes.py):
-        the answer to the question already open for it, or kept for the one to come."""
+        """A real rank's call told its ring's size as it entered (neuronabox/observer/sizes.py),
+        before its first frame: kept for the instance's question. If the frame came first,
+        the question is out already, and the observer answers it from the same note."""
         if dtype not in ELEM_SIZES:
-            return  # the question, if one comes, is answered from the flight recorder
-        for q, question in self._questions.items():
-            if not question.is_input and question.group == group and split_slot(question.slot)[1] == tag:
-                del self._questions[q]  # its reply, when it comes, finds no question
-                self.engine.on_meta(group, question.slot, numel, ELEM_SIZES[dtype], dtype)
-                return
+            return  # the question, when it comes, is answered from the flight recorder
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]

@@ -23,7 +23,7 @@ from neuronabox.schedules.gloo import (
     Schedule,
 )
 from neuronabox.schedules.gloo_pairwise import PairwiseAlltoall, RootedPairwise
-from neuronabox.schedules.gloo_reduce import RingReduce, ring_geometry, segments_are_2w, size_on_wire
+from neuronabox.schedules.gloo_reduce import RingReduce, fits_wire, ring_geometry, segments_are_2w, size_on_wire
 
 from .dialect import Data, Event, RecvReady, SendReady
 from .groups import Conn, Group
@@ -33,7 +33,10 @@ ROOT_CANDIDATES_CHECKED = 64  # broadcast roots weighed against silent real rank
 ROOT_GRACE_S = 0.02  # how long an ambiguous broadcast root waits for a silent real rank to speak
 OBSERVER_OP = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE: "reduce", Kind.BROADCAST: "broadcast"}  # its op names
 
-Ask = Callable[[str, int, int, str], bool]  # (group, slot, global rank, op) -> asked
+Told = tuple[int, int, str]  # a ring's element count, element size and dtype, as its call told them
+# (group, slot, global rank, op, group size, the wire's longest segment so far) -> asked, or
+# the answer at once when the real rank's call already told it (observer/sizes.py)
+Ask = Callable[[str, int, int, str, int, int], "bool | Told"]
 
 
 class Question(Enum):
@@ -83,8 +86,9 @@ class ShapeInference:
         self.notices: dict[int, list[tuple[Conn, Event]]] = {}  # real rank -> its frames so far
         self.geometry = ""
         self.nbytes = 0
-        self.numel: int | None = None  # the tensor's element count and size, when the observer told them
+        self.numel: int | None = None  # the tensor's element count, size and dtype, when the observer told them
         self.elem: int | None = None
+        self.dtype: str | None = None
 
     # -- transitions, in one place -------------------------------------------------------
     def _move_question(self, to: Question) -> None:
@@ -97,14 +101,18 @@ class ShapeInference:
             raise StateError(f"{self.name}: grace {self.grace.name} -> {to.name}")
         self.grace = to
 
-    def _ask_observer(self, real: int) -> bool:
-        """Ask real group rank `real`'s observer; False (and UNAVAILABLE) when there is none."""
+    def _ask_observer(self, real: int, wire: int = 0) -> bool | Told:
+        """Ask real group rank `real`'s observer; False (and UNAVAILABLE) when there is none,
+        the answer itself when the call already told it (`wire`: the longest frame so far)."""
         if self._ask is None:
             self._move_question(Question.UNAVAILABLE)
             return False
         self._move_question(Question.ASKED)
-        if self._ask(self.group.name, self.slot, self.group.global_rank(real), OBSERVER_OP[self.kind]):
-            return True
+        asked = self._ask(
+            self.group.name, self.slot, self.group.global_rank(real), OBSERVER_OP[self.kind], self.group.world, wire
+        )
+        if asked:
+            return asked
         self._move_question(Question.UNAVAILABLE)
         return False
 
@@ -126,17 +134,16 @@ class ShapeInference:
         if self.question is not Question.UNAVAILABLE:
             self._move_question(Question.UNAVAILABLE)
 
-    def from_meta(self, numel: int, elem: int) -> Schedule:
-        """The observer's answer for a ring: the tensor's element count and size."""
+    def from_meta(self, numel: int, elem: int, dtype: str | None = None) -> Schedule:
+        """The observer's answer for a ring: the tensor's element count, size and dtype."""
         self._move_question(Question.ANSWERED)
-        self.numel, self.elem = numel, elem
-        geo = ring_geometry(self.group.world, numel * elem, elem, self.kind == Kind.REDUCE)
-        # A wrong answer (an observer's tag bookkeeping gone astray) would send the wrong
-        # segments: it ends the run here, naming both sizes. A reduce's notices may include
-        # its gather to the root, longer than a segment: only an allreduce is checked.
-        wire = max((e.length for evs in self.notices.values() for _, e in evs if not isinstance(e, Data)), default=0)
-        whole = geo.total >= (geo.num_segments - 1) * geo.segment_bytes  # every block-start segment is full
-        if self.kind == Kind.ALLREDUCE and (wire > geo.segment_bytes or (wire and whole and wire != geo.segment_bytes)):
+        self.numel, self.elem, self.dtype = numel, elem, dtype
+        reduce = self.kind == Kind.REDUCE
+        geo = ring_geometry(self.group.world, numel * elem, elem, reduce)
+        # Told sizes are checked against the wire before they are used, by the controller and
+        # the observer; an answer that still does not fit would send the wrong segments.
+        wire = self._longest()
+        if not fits_wire(self.group.world, numel * elem, elem, reduce, wire):
             raise ProtocolError(
                 f"{self.name}: the observer says {numel} elements of {elem} bytes (segments of "
                 f"{geo.segment_bytes} bytes), but a real rank's frames carry segments of {wire}"
@@ -268,6 +275,10 @@ class ShapeInference:
         self.geometry = f"root={root}"
         return RootedPairwise(self.kind, self.group.world, root, ev.length)
 
+    def _longest(self) -> int:
+        """The longest notice the real ranks' frames carried so far (a full segment)."""
+        return max((e.length for evs in self.notices.values() for _, e in evs if not isinstance(e, Data)), default=0)
+
     def _ring(self, geo: RingGeometry) -> Schedule:
         return RingReduce(geo) if self.kind == Kind.REDUCE else RingAllreduce.of(geo)
 
@@ -283,13 +294,16 @@ class ShapeInference:
         """
         if self.question is Question.ASKED:
             return None  # the observer's answer installs the schedule
-        lens = [e.length for evs in self.notices.values() for _, e in evs if not isinstance(e, Data)]
-        seg = max(lens)
+        seg = self._longest()
         w = self.group.world
         reduce = self.kind == Kind.REDUCE
         two_w, certain = segments_are_2w(seg, reduce), size_on_wire(w, seg, reduce)
-        if not certain and self.question is Question.NOT_ASKED and self._ask_observer(self.first[0].real):
-            return None
+        if not certain and self.question is Question.NOT_ASKED:
+            asked = self._ask_observer(self.first[0].real, seg)
+            if isinstance(asked, tuple):
+                return self.from_meta(*asked)
+            if asked:
+                return None
         num = 2 * w if two_w else 3 * w
         geo = RingGeometry(w, num * seg, num, seg, last_known=False)
         self.geometry = f"segments={num}x{seg} ({'wire' if certain else 'guessed from the wire'})"

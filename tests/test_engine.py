@@ -32,7 +32,7 @@ class RealSide:
         self.engine = Engine(
             emit=lambda c: self.out.append((c, c.pair.take())),
             dialect=GLOO,
-            request_meta=(lambda g, slot, r, kind: True) if meta else None,
+            request_meta=(lambda g, slot, r, kind, world, wire: True) if meta else None,
             conn_of=lambda g, r, e: self.conns.get((r, e)),
         )
         self.meta = meta
@@ -176,7 +176,7 @@ def test_ambiguous_broadcast_root_comes_from_the_observer():
     sched = BinomialBroadcast(8, 6, 64)
     side = RealSide(8, (0, 1), sched, make_slot(SlotPrefix.BROADCAST, 3), meta=True)
     asked = []
-    side.engine.request_meta = lambda g, slot, r, kind: asked.append((r, kind)) or True
+    side.engine.request_meta = lambda g, slot, r, kind, world, wire: asked.append((r, kind)) or True
     side.mirror[(0, 6)].recv_ready(side.slot, 64)
     side.say(0, 6)
     assert asked == [(0, "broadcast")] and not side.out  # nothing guessed yet
@@ -233,14 +233,31 @@ def test_an_observer_answer_that_contradicts_the_wire_names_both_sizes():
     sched = RingAllreduce(RingGeometry.for_tensor(world, total, 4))
     side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 5), meta=True)
     asked = []
-    side.engine.request_meta = lambda g, slot, r, kind: asked.append(kind) or True
+    side.engine.request_meta = lambda g, slot, r, kind, world, wire: asked.append((kind, wire)) or True
     m = sched.recvs(0)[0]
     side.mirror[(0, m.peer)].recv_ready(side.slot, m.nbytes)
     side.say(0, m.peer)
-    assert asked == ["all_reduce"] and m.nbytes == 943720
+    assert asked == [("all_reduce", 943720)] and m.nbytes == 943720
     said = r"allreduce #5 .*observer says 1310720 elements .*segments of 873816 bytes.*segments of 943720"
     with pytest.raises(ProtocolError, match=said):
         side.engine.on_meta("0", side.slot, 1310720, 4)
+
+
+def test_a_size_told_before_the_first_frame_installs_the_ring_at_that_frame():
+    """9 MiB at W = 2: the wire cannot count its segments, but the call told its size (the
+    engine's `request_meta` returns it, with the segment the frame carried): the schedule
+    is installed at the first frame, no question goes out, and the record has the dtype."""
+    world, total = 2, 9437184
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 6))
+    asked = []
+    side.engine.request_meta = lambda g, slot, r, kind, world, wire: asked.append(wire) or (total // 4, 4, "Float")
+    side.start()
+    assert asked == [943720]
+    side.pump()
+    assert len(side.completed) == 1
+    rec = side.completed[0]
+    assert (rec.numel, rec.dtype) == (total // 4, "Float") and rec.geometry.endswith("(observer)")
 
 
 def test_an_unknown_collective_names_its_slot_prefix_and_group():

@@ -115,3 +115,22 @@ def test_a_ring_the_wire_leaves_open_is_sized_as_its_call_enters(run, tmp_path, 
     told = [i for i in rings if "(wire)" not in i["geometry"]]  # sizes only the call could tell
     assert len(told) >= 2 and all("(observer)" in i["geometry"] for i in told), [i["geometry"] for i in rings]
     assert {i["numel"] for i in told} <= set(map(int, elements.split(",")))
+
+
+def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tmp_path):
+    """A point-to-point call past ProcessGroup's Python methods (as a C++ caller's would be)
+    moves the group's sequence number without the observer counting it: every size it tells
+    afterwards carries the tag of the collective after it. Allreduces of different sizes one
+    after another then each find the note of the one before: it does not fit their frames'
+    segments, so the controller asks, the observer finds its own note does not fit either,
+    and the flight recorder answers. The run completes with every value right."""
+    trace = tmp_path / "trace.json"
+    res = run(
+        "torchrun", "--nnodes", "2", "--trace", str(trace), str(SCRIPTS / "ring_sizes.py"),
+        "--elements", "2359296,1310720,2359296", "--no-reduce", "--past-p2p", "--repeat", "3",
+    )  # fmt: skip
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    assert "all checks passed" in res.out
+    rings = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce"]
+    assert len(rings) == 9 and all("(observer)" in i["geometry"] for i in rings), [i["geometry"] for i in rings]
+    assert [i["numel"] for i in rings] == [2359296, 1310720, 2359296] * 3

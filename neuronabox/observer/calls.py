@@ -410,7 +410,7 @@ def _watch_rebuild(ddp) -> None:
 def meta_of(query: dict, entries: Callable[[], list[dict]]) -> dict:
     """An allreduce's element count and dtype: as its call noted them (observer/sizes.py),
     else from the recorder (a coalesced call flattens its tensors, one dtype, into one buffer)."""
-    note = sizes.noted(query["pg"], query["tag"], query["kind"])
+    note = sizes.noted(query["pg"], query["tag"], query["kind"], query.get("world", 0), query.get("seg", 0))
     if note is not None:
         return {"q": query["q"], "numel": note[0], "dtype": note[1]}
     e = _entry(entries(), query["pg"], query["tag"])

@@ -7,14 +7,16 @@ PyTorch's flight recorder on the real rank's core (about 4 us an entry, 0.3 ms f
 for every such instance. Instead the c10d function, as it is called, notes the tensor's
 element count and dtype under the instance's Gloo tag and sends them to the controller
 at once (`push`), before the call puts its first frame on the wire; a question that
-comes anyway is answered from the note.
+comes anyway is answered from the note. Both ends use a note only if it fits the
+segments the real rank's frames carry (`fits_wire`): a note under the wrong tag is
+another collective's.
 
 The tag is the group's sequence number less the point-to-point operations it counted:
 ProcessGroupGloo numbers every operation, but gives a tag to collectives only. The
 point-to-point calls are counted at ProcessGroup's own methods, which every path to
 them takes. Whenever the flight recorder is read anyway (the dtype reports), the notes
 it still holds are checked against it; a group whose notes disagree is answered from
-the recorder from then on, and the controller checks every answer against the wire.
+the recorder from then on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from neuronabox.schedules.gloo_reduce import ring_geometry, size_on_wire
+from neuronabox.schedules.gloo_reduce import fits_wire, ring_geometry, size_on_wire
 
 KEEP = 4096  # notes kept; older ones were asked for long ago, or never will be
 P2P_METHODS = ("send", "recv", "recv_anysource")
@@ -34,7 +36,7 @@ RING_CALLS = {"all_reduce": (2, False), "reduce": (3, True)}  # c10d function ->
 
 _lock = threading.Lock()
 _p2p: dict[object, int] = {}  # process group -> the point-to-point operations it issued
-_notes: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, element count, dtype)
+_notes: dict[tuple[str, int], tuple[str, int, int, str]] = {}  # (group, tag) -> (op, element count and size, dtype)
 _untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
 push: Callable[[dict], None] | None = None  # the agent's line to the controller
 
@@ -97,18 +99,24 @@ def _note(op: str, reduce: bool, tensor, group) -> None:
     dtype = tensor.type().rsplit(".", 1)[-1].removesuffix("Tensor")  # c10's name: Float, BFloat16, ...
     with _lock:
         tag = pg._get_sequence_number_for_group() - _p2p.get(pg, 0)
-        _notes[(name, tag)] = (op, numel, dtype)
+        _notes[(name, tag)] = (op, numel, elem, dtype)
         if len(_notes) > KEEP:
             del _notes[next(iter(_notes))]
     if push is not None:
         push({"meta": name, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
 
 
-def noted(group: str, tag: int, op: str) -> tuple[int, str] | None:
-    """(element count, dtype) of the group's `op` with this tag, as its call noted them."""
+def noted(group: str, tag: int, op: str, world: int = 0, wire: int = 0) -> tuple[int, str] | None:
+    """(element count, dtype) of the group's `op` with this tag, as its call noted them, if
+    they fit the segments the controller saw on the wire (`wire`, in a group of `world`)."""
     with _lock:
         note = None if group in _untrusted else _notes.get((group, tag))
-    return None if note is None or note[0] != op else (note[1], note[2])
+    if note is None or note[0] != op:
+        return None
+    _, numel, elem, dtype = note
+    if world and not fits_wire(world, numel * elem, elem, op == "reduce", wire):
+        return None  # another collective's note: the recorder answers
+    return numel, dtype
 
 
 def check(entries: list[dict]) -> list[str]:

@@ -30,6 +30,20 @@ def segments_are_2w(seg: int, reduce: bool) -> bool:
     return seg < MAX_SEGMENT_BYTES if reduce else seg <= MAX_SEGMENT_BYTES * 2 // 3
 
 
+def fits_wire(world: int, total: int, elem: int, reduce: bool, wire: int) -> bool:
+    """Whether a ring of `total` bytes in elements of `elem` has the segments a real rank's
+    frames carry (`wire`: the longest so far, 0 if none). A told or recorded size that does
+    not fit belongs to another collective (an observer's tag bookkeeping gone astray). A
+    reduce's frames may include its gather to the root, a rank's whole chunk."""
+    if not wire:
+        return True
+    geo = ring_geometry(world, total, elem, reduce)
+    if reduce:
+        return wire <= geo.per_rank * geo.segment_bytes
+    whole = geo.total >= (geo.num_segments - 1) * geo.segment_bytes  # every block-start segment is full
+    return wire <= geo.segment_bytes and (not whole or wire == geo.segment_bytes)
+
+
 def size_on_wire(world: int, seg: int, reduce: bool) -> bool:
     """Whether a ring's tensor size follows from its full segment `seg` as it crosses the
     wire: 2W segments, none of them empty, so only the last one's length is open (read off

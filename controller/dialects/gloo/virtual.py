@@ -124,7 +124,7 @@ class VirtualRun:
         for ev in events:
             self.engine.on_event(conn, ev)
 
-    def _answer_meta(self, group: str, slot: int, real: int, kind: str) -> bool:
+    def _answer_meta(self, group: str, slot: int, real: int, kind: str, world: int = 0, wire: int = 0) -> bool:
         """What the observer would say: an allreduce's element count and size, a
         broadcast's root (answered in the loop, as the observer's reply comes later)."""
         sim = self.sims[group, slot]
