@@ -1,7 +1,7 @@
 """End to end: the stock torchrun, PyTorch and Gloo against the real controller."""
 
 import pytest
-from conftest import EXAMPLE, SCRIPTS
+from conftest import EXAMPLE, ROOT, SCRIPTS
 
 from neuronabox.trace.records import load as load_trace
 
@@ -134,3 +134,25 @@ def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tm
     rings = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce"]
     assert len(rings) == 9 and all("(observer)" in i["geometry"] for i in rings), [i["geometry"] for i in rings]
     assert [i["numel"] for i in rings] == [2359296, 1310720, 2359296] * 3
+
+
+@pytest.mark.parametrize("nnodes,real_nodes", [(2, "0"), (4, "0,2")])
+def test_ddp_buckets_the_wire_leaves_open_are_sized_from_the_models_buckets(run, tmp_path, nnodes, real_nodes):
+    """The MLP's DDP buckets (10.5 MB at the first step, then 4.2 and 6.3 MB) have segments
+    the wire cannot count, and DDP's C++ reducer allreduces them past every Python function,
+    so no call tells their sizes. The observer knows the model's buckets (the first
+    iteration's and the rebuilt ones) and answers with the one whose ring has the segments
+    the wire carried. With the flight recorder off that is the only source; without it the
+    wire's guess for the 6.3 MB bucket (6 segments, not 8) breaks the run."""
+    trace = tmp_path / "trace.json"
+    res = run(
+        "torchrun", "--nnodes", str(nnodes), "--real-nodes", real_nodes, "--trace", str(trace),
+        str(ROOT / "examples" / "mlp.py"), "--steps", "6",
+        env={"TORCH_FR_BUFFER_SIZE": "0"},
+    )  # fmt: skip
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    buckets = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce" and i["nbytes"] > 1 << 20]
+    told = [i for i in buckets if "(observer)" in i["geometry"]]  # the rest the wire pins down (4.2 MB at W = 4)
+    assert len(told) >= 6 and all(i in told or "(wire)" in i["geometry"] for i in buckets), [
+        (i["nbytes"], i["geometry"]) for i in buckets
+    ]

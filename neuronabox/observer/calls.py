@@ -384,6 +384,10 @@ def _watch_rebuild(ddp) -> None:
         return
     if state is None:
         params, sparse = ddp._build_params_for_reducer()
+        limits = ddp._bucket_config.compute_bucket_size_limits(
+            static_graph=ddp.static_graph, find_unused_parameters=ddp.find_unused_parameters
+        )[0]
+        _note_buckets(ddp, params, dist._compute_bucket_assignment_by_size(params, limits, sparse)[0])
         order: list[int] = []
         hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: order.append(i)) for i, p in enumerate(params)]
         ddp._neuronabox_rebuild = (params, sparse, order, hooks)
@@ -400,6 +404,7 @@ def _watch_rebuild(ddp) -> None:
     buckets, _ = dist._compute_bucket_assignment_by_size(
         [params[i] for i in ready], limits, [sparse[i] for i in ready], ready
     )
+    _note_buckets(ddp, params, buckets)
     pg, seq = ddp.process_group, _seq(ddp.process_group)
     indices = [i for b in buckets for i in b] + [len(buckets)]
     for k, values in enumerate((indices, [len(b) for b in buckets])):
@@ -410,7 +415,12 @@ def _watch_rebuild(ddp) -> None:
 def meta_of(query: dict, entries: Callable[[], list[dict]]) -> dict:
     """An allreduce's element count and dtype: as its call noted them (observer/sizes.py),
     else from the recorder (a coalesced call flattens its tensors, one dtype, into one buffer)."""
-    note = sizes.noted(query["pg"], query["tag"], query["kind"], query.get("world", 0), query.get("seg", 0))
+    world, wire = query.get("world", 0), query.get("seg", 0)
+    note = sizes.noted(query["pg"], query["tag"], query["kind"], world, wire)
+    if note is None and query["kind"] == "all_reduce":
+        note = sizes.bucket_fitting(query["pg"], world, wire)  # a DDP bucket, by its segments
+        if note is not None:
+            sizes.answered(query["pg"], query["tag"], "all_reduce", *note)
     if note is not None:
         return {"q": query["q"], "numel": note[0], "dtype": note[1]}
     e = _entry(entries(), query["pg"], query["tag"])
@@ -443,3 +453,12 @@ def input_of(query: dict, entries: Callable[[], list[dict]], deadline: float) ->
         return {"q": query["q"], "data": None}
     data = base64.b64encode(entry["data"]).decode()
     return {"q": query["q"], "data": data, "dtype": entry["dtype"], "op": entry["op"], "splits": entry["splits"]}
+
+
+def _note_buckets(ddp, params: list, buckets: list[list[int]]) -> None:
+    """The sizes of a DDP model's gradient buckets (observer/sizes.py): the first
+    iteration's, then the rebuilt ones."""
+    sizes.note_buckets(
+        _name(ddp.process_group),
+        [(sum(params[i].numel() for i in b), sizes.c10_dtype(params[b[0]])) for b in buckets if b],
+    )

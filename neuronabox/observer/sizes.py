@@ -7,7 +7,9 @@ PyTorch's flight recorder on the real rank's core (about 4 us an entry, 0.3 ms f
 for every such instance. Instead the c10d function, as it is called, notes the tensor's
 element count and dtype under the instance's Gloo tag and sends them to the controller
 at once (`push`), before the call puts its first frame on the wire; a question that
-comes anyway is answered from the note. Both ends use a note only if it fits the
+comes anyway is answered from the note. DDP's buckets, which its C++ reducer
+allreduces past every Python function, are answered from the model's bucket sizes
+(`note_buckets`, `bucket_fitting`). Both ends use a note only if it fits the
 segments the real rank's frames carry (`fits_wire`): a note under the wrong tag is
 another collective's.
 
@@ -38,6 +40,8 @@ _lock = threading.Lock()
 _p2p: dict[object, int] = {}  # process group -> the point-to-point operations it issued
 _notes: dict[tuple[str, int], tuple[str, int, int, str]] = {}  # (group, tag) -> (op, element count and size, dtype)
 _untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
+_buckets: dict[str, set[tuple[int, str]]] = {}  # group -> its DDP models' bucket sizes (elements, dtype)
+ELEM = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1}
 push: Callable[[dict], None] | None = None  # the agent's line to the controller
 
 
@@ -96,7 +100,7 @@ def _note(op: str, reduce: bool, tensor, group) -> None:
     name = c10d._get_process_group_name(pg)
     if name in _untrusted:
         return
-    dtype = tensor.type().rsplit(".", 1)[-1].removesuffix("Tensor")  # c10's name: Float, BFloat16, ...
+    dtype = c10_dtype(tensor)
     with _lock:
         tag = pg._get_sequence_number_for_group() - _p2p.get(pg, 0)
         _notes[(name, tag)] = (op, numel, elem, dtype)
@@ -104,6 +108,37 @@ def _note(op: str, reduce: bool, tensor, group) -> None:
             del _notes[next(iter(_notes))]
     if push is not None:
         push({"meta": name, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
+
+
+def c10_dtype(tensor) -> str:
+    """The tensor's dtype as c10 and the flight recorder name it: Float, BFloat16, ..."""
+    return tensor.type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
+def note_buckets(group: str, buckets: list[tuple[int, str]]) -> None:
+    """A DDP model's gradient buckets on `group`, (element count, dtype) each: its C++
+    reducer allreduces them past every Python function, so no call tells their sizes."""
+    with _lock:
+        _buckets.setdefault(group, set()).update(buckets)
+
+
+def bucket_fitting(group: str, world: int, wire: int) -> tuple[int, str] | None:
+    """The one DDP bucket of `group` whose ring has the segments the wire carried (`wire`),
+    if exactly one size does; None if none or several (the recorder answers)."""
+    if not wire:
+        return None
+    with _lock:
+        known = [] if group in _untrusted else list(_buckets.get(group, ()))
+    fit = {(n, d) for n, d in known if d in ELEM and fits_wire(world, n * ELEM[d], ELEM[d], False, wire)}
+    return fit.pop() if len(fit) == 1 else None
+
+
+def answered(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
+    """An answer not from the call's own note (a DDP bucket's), kept as a note so that the
+    recorder checks it at the next report (`check`): a group found wrong is answered from
+    the recorder after that."""
+    with _lock:
+        _notes[(group, tag)] = (op, numel, ELEM.get(dtype, 1), dtype)
 
 
 def noted(group: str, tag: int, op: str, world: int = 0, wire: int = 0) -> tuple[int, str] | None:
