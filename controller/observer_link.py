@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import NamedTuple
 
-from neuronabox.schedules.gloo_reduce import fits_wire
+from neuronabox.schedules.gloo_reduce import ELEM_SIZES, fits_wire, one_fitting
 
 from .dialects.gloo.wire import split_slot
 from .engine import Engine
@@ -22,21 +22,8 @@ from .mirror import DTYPES, MirrorInput
 from .observers import ObserverHub
 from .shape import Told
 
-ELEM_SIZES = {
-    "Float": 4,
-    "Double": 8,
-    "Half": 2,
-    "BFloat16": 2,
-    "Char": 1,
-    "Byte": 1,
-    "Short": 2,
-    "Int": 4,
-    "Long": 8,
-    "Bool": 1,
-}
-
-
 NOTED_MAX = 4096  # sizes told and not asked for yet (each real rank of a group tells its own)
+BUCKET_SIZES_MAX = 1024  # DDP bucket sizes kept per group
 
 
 class Question(NamedTuple):
@@ -82,6 +69,8 @@ class ObserverLink:
         self._questions: dict[int, Question] = {}
         self._qid = 0
         self._noted: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, numel, dtype)
+        self._buckets: dict[str, set[tuple[int, str]]] = {}  # group -> its DDP models' buckets (numel, dtype)
+        self.hub.on_buckets = self._on_buckets
 
     # -- the engine's questions ------------------------------------------------------------
     def request_meta(self, group: str, slot: int, real: int, kind: str, world: int, wire: int) -> bool | Told:
@@ -94,6 +83,9 @@ class ObserverLink:
             elem = ELEM_SIZES[dtype]
             if fits_wire(world, numel * elem, elem, kind == "reduce", wire):
                 return numel, elem, dtype
+        bucket = one_fitting(self._buckets.get(group, ()), world, wire) if kind == "all_reduce" else None
+        if bucket is not None:  # a DDP bucket (its reducer's call tells nothing): the model's, by its segments
+            return bucket[0], ELEM_SIZES[bucket[1]], bucket[1]
         return self._ask(Question(group, slot, real, False), {"kind": kind, "world": world, "seg": wire})
 
     def request_input(self, group: str, slot: int, real: int) -> bool:
@@ -141,6 +133,13 @@ class ObserverLink:
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]
+
+    def _on_buckets(self, group: str, sizes: list[tuple[int, str]]) -> None:
+        """A real rank's DDP model's gradient buckets on `group` (neuronabox/observer/sizes.py)."""
+        known = self._buckets.setdefault(group, set())
+        known.update((n, d) for n, d in sizes if d in ELEM_SIZES)
+        if len(known) > BUCKET_SIZES_MAX:  # a script that builds model after model: the question path
+            known.clear()
 
     def _on_lost(self, rank: int) -> None:
         """A real rank's observer went away: its open questions fall back to the wire

@@ -35,6 +35,7 @@ FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "step": (("t", (int, float)),),
     "dtypes": (("dtypes", list),),
     "meta": (("meta", str), ("tag", int), ("kind", str), ("numel", int), ("dtype", str)),
+    "buckets": (("buckets", str), ("sizes", list)),
     "q": (("q", int),),
     "loaded": (("loaded", str),),
 }
@@ -71,6 +72,7 @@ class ObserverHub:
         self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
         self.on_meta: Callable[[str, int, str, int, str], None] | None = None  # a ring's size, as its call entered
+        self.on_buckets: Callable[[str, list[tuple[int, str]]], None] | None = None  # a DDP model's buckets
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
         self.on_anysource: Callable[[int, str, int, int], None] | None = None
@@ -189,6 +191,11 @@ class ObserverHub:
         elif key == "loaded":
             if self.on_loaded:
                 self.on_loaded(rank)
+        elif key == "buckets":
+            if not all(isinstance(b, list) and list(map(type, b)) == [int, str] for b in msg["sizes"]):
+                self._malformed(rank, key, "sizes", msg)
+            if self.on_buckets:
+                self.on_buckets(msg["buckets"], [tuple(b) for b in msg["sizes"]])
         elif key == "meta":
             if self.on_meta:
                 self.on_meta(msg["meta"], msg["tag"], msg["kind"], msg["numel"], msg["dtype"])

@@ -30,7 +30,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from neuronabox.schedules.gloo_reduce import fits_wire, ring_geometry, size_on_wire
+from neuronabox.schedules.gloo_reduce import ELEM_SIZES, fits_wire, one_fitting, ring_geometry, size_on_wire
 
 KEEP = 4096  # notes kept; older ones were asked for long ago, or never will be
 P2P_METHODS = ("send", "recv", "recv_anysource")
@@ -41,7 +41,6 @@ _p2p: dict[object, int] = {}  # process group -> the point-to-point operations i
 _notes: dict[tuple[str, int], tuple[str, int, int, str]] = {}  # (group, tag) -> (op, element count and size, dtype)
 _untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
 _buckets: dict[str, set[tuple[int, str]]] = {}  # group -> its DDP models' bucket sizes (elements, dtype)
-ELEM = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1}
 push: Callable[[dict], None] | None = None  # the agent's line to the controller
 
 
@@ -120,17 +119,16 @@ def note_buckets(group: str, buckets: list[tuple[int, str]]) -> None:
     reducer allreduces them past every Python function, so no call tells their sizes."""
     with _lock:
         _buckets.setdefault(group, set()).update(buckets)
+    if push is not None:  # the controller sizes them at their first frame, unasked
+        push({"buckets": group, "sizes": [list(b) for b in sorted(set(buckets))]})
 
 
 def bucket_fitting(group: str, world: int, wire: int) -> tuple[int, str] | None:
     """The one DDP bucket of `group` whose ring has the segments the wire carried (`wire`),
     if exactly one size does; None if none or several (the recorder answers)."""
-    if not wire:
-        return None
     with _lock:
         known = [] if group in _untrusted else list(_buckets.get(group, ()))
-    fit = {(n, d) for n, d in known if d in ELEM and fits_wire(world, n * ELEM[d], ELEM[d], False, wire)}
-    return fit.pop() if len(fit) == 1 else None
+    return one_fitting(known, world, wire)
 
 
 def answered(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
@@ -138,7 +136,7 @@ def answered(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
     recorder checks it at the next report (`check`): a group found wrong is answered from
     the recorder after that."""
     with _lock:
-        _notes[(group, tag)] = (op, numel, ELEM.get(dtype, 1), dtype)
+        _notes[(group, tag)] = (op, numel, ELEM_SIZES.get(dtype, 1), dtype)
 
 
 def noted(group: str, tag: int, op: str, world: int = 0, wire: int = 0) -> tuple[int, str] | None:

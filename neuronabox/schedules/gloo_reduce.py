@@ -4,7 +4,7 @@ the schedules it builds on)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .gloo import MAX_SEGMENT_BYTES, Link, MirrorPlan, Msg, RealRanks, RingAllreduce, RingGeometry, SendRef, round_up
 from .kinds import Kind
@@ -28,6 +28,33 @@ def segments_are_2w(seg: int, reduce: bool) -> bool:
     """Whether a ring whose full segment is `seg` bytes has exactly 2W segments: an
     allreduce's does when seg <= 2/3 of the maximum, a reduce's when it is under it."""
     return seg < MAX_SEGMENT_BYTES if reduce else seg <= MAX_SEGMENT_BYTES * 2 // 3
+
+
+# Element sizes by the names c10 and PyTorch's flight recorder give dtypes, which the
+# observer's answers carry.
+ELEM_SIZES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Short": 2,
+    "Int": 4,
+    "Long": 8,
+    "Bool": 1,
+}
+
+
+def one_fitting(sizes: Iterable[tuple[int, str]], world: int, wire: int) -> tuple[int, str] | None:
+    """Of allreduce sizes (element count, dtype name), the one whose ring has the segments
+    the wire carried (`wire`), if exactly one does (a DDP model's buckets, by their frames)."""
+    if not wire:
+        return None
+    fit = {
+        (n, d) for n, d in sizes if d in ELEM_SIZES and fits_wire(world, n * ELEM_SIZES[d], ELEM_SIZES[d], False, wire)
+    }
+    return fit.pop() if len(fit) == 1 else None
 
 
 def fits_wire(world: int, total: int, elem: int, reduce: bool, wire: int) -> bool:
