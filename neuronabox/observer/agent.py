@@ -209,9 +209,10 @@ def _report() -> int | None:
         try:
             entries = calls.flight_records()
             found = calls.dtypes_since(entries, _reported)
+            wrong = sizes.check(entries)
         except Exception:  # no recorder (TORCH_FR_BUFFER_SIZE=0), or torch going down: dtypes stay unknown
             return None
-        for group in sizes.check(entries):
+        for group in wrong:
             print(
                 f"neuronabox observer: group {group!r}: a noted size disagrees with the flight recorder "
                 "(a point-to-point call past ProcessGroup?); its sizes come from the recorder from now on",
