@@ -22,7 +22,7 @@ from collections.abc import Callable
 from enum import Enum, auto
 
 from neuronabox.schedules import Kind
-from neuronabox.schedules.gloo import Msg, Schedule, SendRef
+from neuronabox.schedules.gloo import Msg, RingAllreduce, Schedule, SendRef
 from neuronabox.schedules.gloo_reduce import RingReduce
 
 from .accounting import Accounting
@@ -37,6 +37,7 @@ from .release import ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
 from .starts import Seen, Starters, StartTemplate
 
+RING_POST_WINDOW = 2  # receives a ring keeps posted per pair, as gloo::allreduce's ring does
 DEFERRED_RECORDS_MAX = 64  # finished instances whose records wait for an idle loop; more: published at once
 
 __all__ = ["Conn", "Engine", "Group", "Instance", "InstanceRecord", "Phase", "ProtocolError"]
@@ -204,14 +205,17 @@ class Instance:
         # The geometry string names a broadcast's or rooted collective's root and a ring's
         # segments; a ring's exact boundaries (its element size) are its RingGeometry.
         key = (g.name, g.real.members, self.kind, getattr(sched, "geo", None), self.nbytes, self.geometry, deps)
-        program, index = self.engine.programs.program(
-            key, lambda prog, idx: load_program(prog, sched, g.real, idx, sched.sends, sched.recvs, deps)
-        )
+        program, index = self.engine.programs.program(key, lambda prog, idx: self._record(prog, idx, sched, deps))
         self.book.load(program)
         self.program = program
         self.pairs = dict(index)
         for pair in index:
             self._connect(pair)
+
+    def _record(self, prog: Program, index: dict, sched: Schedule, deps: tuple) -> None:
+        """The schedule's program; an allreduce's ring posts its receives as Gloo's does."""
+        load_program(prog, sched, self.group.real, index, sched.sends, sched.recvs, deps)
+        prog.post_window = RING_POST_WINDOW if type(sched) is RingAllreduce else 0  # not a reduce's ring
 
     def _load(self, sends, recvs) -> None:
         """Messages of the schedule's program into the book; new pairs connect (and post

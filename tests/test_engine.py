@@ -260,6 +260,27 @@ def test_a_size_told_before_the_first_frame_installs_the_ring_at_that_frame():
     assert (rec.numel, rec.dtype) == (total // 4, "Float") and rec.geometry.endswith("(observer)")
 
 
+def test_an_allreduce_ring_posts_its_receives_two_ahead_as_gloo_does():
+    """gloo::allreduce's ring posts each receive two steps ahead. An emulated peer that posted
+    them all at once made the real rank find every send's notice waiting and write it in place
+    under its pair's lock, while its I/O loop spun on the peer's pending data (docs/
+    benchmarks.md). The book keeps two posted per pair, the next as data fills one, and the
+    ring still completes."""
+    world, total = 2, 5 << 20  # six segments: the real rank sends six to the emulated peer
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 4), meta=(total // 4, 4))
+    side.start()
+    first = [ev for conn, raw in side.out for ev in side.mirror[(conn.real, conn.emu)].receive(raw)]
+    side.out.clear()
+    assert sum(isinstance(ev, RecvReady) for ev in first) == 2 < len(sched.sends(0))
+    for ev in first:  # the real side takes the two credits as pump would
+        if isinstance(ev, RecvReady):
+            side.credits[(0, 1)] = side.credits.get((0, 1), 0) + 1
+    side.serve((0, 1))
+    side.pump()
+    assert len(side.completed) == 1
+
+
 def test_an_unknown_collective_names_its_slot_prefix_and_group():
     unknown = max(SlotPrefix) + 1
     side = RealSide(4, (0,), DisseminationBarrier(4), make_slot(unknown, 2))

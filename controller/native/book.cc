@@ -83,6 +83,7 @@ size_t Book::add_pair(int64_t real, int64_t emu) {
 
 void Book::load(std::shared_ptr<const Program> program) {
   if (!pairs_.empty()) throw std::logic_error(name_ + ": a program is loaded into an empty book");
+  post_window_ = program->post_window;
   for (const auto& [real, emu] : program->pairs) add_pair(real, emu);
   size_t real_sends = 0;
   std::unordered_map<int64_t, int64_t> last_step;  // real rank -> its last send's step
@@ -137,9 +138,12 @@ void Book::connect(size_t pair, Port* port, Actions& out) {
 
 void Book::post(size_t pair, Actions& out) {
   PairBook& p = pairs_.at(pair);
-  if (p.port == nullptr || p.unposted.empty()) return;
-  for (int64_t n : p.unposted) p.port->recv_ready(slot_, static_cast<uint64_t>(n));  // every one at once
-  p.unposted.clear();
+  if (p.port == nullptr || p.unposted.empty() || (post_window_ > 0 && p.open_posts >= post_window_)) return;
+  while (!p.unposted.empty() && (post_window_ == 0 || p.open_posts < post_window_)) {  // 0: every one at once
+    p.port->recv_ready(slot_, static_cast<uint64_t>(p.unposted.front()));
+    p.unposted.pop_front();
+    ++p.open_posts;
+  }
   out.dirty.push_back(pair);
 }
 
@@ -246,6 +250,10 @@ void Book::on_data(size_t pair, BytesRef payload, double now, Actions& out) {
   if (clock_) clock_->real_sent(p.real, m.step, now);
   crossed(p.real, now, out);
   wake(ref, now, out);
+  if (post_window_ > 0 && m.post_len >= 0) {  // a posted receive filled: the next one goes out
+    --p.open_posts;
+    post(pair, out);
+  }
 }
 
 void Book::on_recv_ready(size_t pair, uint64_t length, double now, Actions& out) {

@@ -133,6 +133,10 @@ struct Program {
   };
   std::vector<std::pair<int64_t, int64_t>> pairs;  // (real, emu), by index
   std::vector<Op> ops;                              // in program order per pair
+  // Receives the emulated side keeps posted per pair, the next as data fills one (0: all
+  // at once). Gloo's ring posts two steps ahead; a peer that posts them all makes the real
+  // rank write every send in place, under its pair's lock (docs/benchmarks.md).
+  int64_t post_window = 0;
 };
 
 class Book {
@@ -223,6 +227,7 @@ class Book {
     Port* port = nullptr;
     std::deque<Expected> sends, data, recvs;      // the real rank's, still to come
     std::deque<int64_t> unposted;                 // receive lengths the emulated side has yet to post
+    int64_t open_posts = 0;                       // posted, their data not in yet (under a post window)
     std::deque<const Program::Op*> recv_ops;      // beside `recvs`: their deps and contents
     int64_t last_send = -1, last_recv = -1;       // steps, for the error text
     std::deque<PendingSend*> outq;                // the emulated sends, in posting order (in `made_`)
@@ -246,6 +251,7 @@ class Book {
 
   std::string name_;
   uint64_t slot_;
+  int64_t post_window_ = 0;  // the first program's (Program::post_window)
   std::shared_ptr<ReleaseClock> clock_;
   std::shared_ptr<PayloadSource> source_;
   std::shared_ptr<ProgramExtension> extension_;

@@ -1237,8 +1237,28 @@ PyMethodDef program_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
+PyObject* program_get_window(PyObject* obj, void*) {
+  Program* p = program_of(obj);
+  return p != nullptr ? PyLong_FromLongLong(p->post_window) : nullptr;
+}
+
+int program_set_window(PyObject* obj, PyObject* value, void*) {
+  Program* p = growing(obj);
+  if (p == nullptr) return -1;
+  const long long n = value != nullptr ? PyLong_AsLongLong(value) : -1;
+  if (n == -1 && PyErr_Occurred()) return -1;
+  if (n < 0) {
+    PyErr_SetString(PyExc_ValueError, "post_window is 0 (every receive at once) or more");
+    return -1;
+  }
+  p->post_window = n;
+  return 0;
+}
+
 PyGetSetDef program_getset[] = {
     {"messages", program_len, nullptr, "boundary messages the program has", nullptr},
+    {"post_window", program_get_window, program_set_window,
+     "receives the emulated side keeps posted per pair, the next as one fills (0: every one at once)", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
