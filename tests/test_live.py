@@ -140,9 +140,9 @@ def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tm
 def test_ddp_buckets_the_wire_leaves_open_are_sized_from_the_models_buckets(run, tmp_path, nnodes, real_nodes):
     """The MLP's DDP buckets (10.5 MB at the first step, then 4.2 and 6.3 MB) have segments
     the wire cannot count, and DDP's C++ reducer allreduces them past every Python function,
-    so no call tells their sizes. The observer knows the model's buckets (the first
-    iteration's and the rebuilt ones) and answers with the one whose ring has the segments
-    the wire carried. With the flight recorder off that is the only source; without it the
+    so no call tells their sizes. The observer sends the model's buckets (the first
+    iteration's and the rebuilt ones) and the controller takes the one whose ring has the
+    segments the first frame carried. With the flight recorder off that is the only source; without it the
     wire's guess for the 6.3 MB bucket (6 segments, not 8) breaks the run."""
     trace = tmp_path / "trace.json"
     res = run(

@@ -417,10 +417,6 @@ def meta_of(query: dict, entries: Callable[[], list[dict]]) -> dict:
     else from the recorder (a coalesced call flattens its tensors, one dtype, into one buffer)."""
     world, wire = query.get("world", 0), query.get("seg", 0)
     note = sizes.noted(query["pg"], query["tag"], query["kind"], world, wire)
-    if note is None and query["kind"] == "all_reduce":
-        note = sizes.bucket_fitting(query["pg"], world, wire)  # a DDP bucket, by its segments
-        if note is not None:
-            sizes.answered(query["pg"], query["tag"], "all_reduce", *note)
     if note is not None:
         return {"q": query["q"], "numel": note[0], "dtype": note[1]}
     e = _entry(entries(), query["pg"], query["tag"])

@@ -8,8 +8,8 @@ for every such instance. Instead the c10d function, as it is called, notes the t
 element count and dtype under the instance's Gloo tag and sends them to the controller
 at once (`push`), before the call puts its first frame on the wire; a question that
 comes anyway is answered from the note. DDP's buckets, which its C++ reducer
-allreduces past every Python function, are answered from the model's bucket sizes
-(`note_buckets`, `bucket_fitting`). Both ends use a note only if it fits the
+allreduces past every Python function, are sized by the controller from the model's
+bucket sizes (`note_buckets`). Both ends use a note only if it fits the
 segments the real rank's frames carry (`fits_wire`): a note under the wrong tag is
 another collective's.
 
@@ -30,7 +30,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from neuronabox.schedules.gloo_reduce import ELEM_SIZES, fits_wire, one_fitting, ring_geometry, size_on_wire
+from neuronabox.schedules.gloo_reduce import fits_wire, ring_geometry, size_on_wire
 
 KEEP = 4096  # notes kept; older ones were asked for long ago, or never will be
 P2P_METHODS = ("send", "recv", "recv_anysource")
@@ -40,7 +40,6 @@ _lock = threading.Lock()
 _p2p: dict[object, int] = {}  # process group -> the point-to-point operations it issued
 _notes: dict[tuple[str, int], tuple[str, int, int, str]] = {}  # (group, tag) -> (op, element count and size, dtype)
 _untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
-_buckets: dict[str, set[tuple[int, str]]] = {}  # group -> its DDP models' bucket sizes (elements, dtype)
 push: Callable[[dict], None] | None = None  # the agent's line to the controller
 
 
@@ -116,27 +115,11 @@ def c10_dtype(tensor) -> str:
 
 def note_buckets(group: str, buckets: list[tuple[int, str]]) -> None:
     """A DDP model's gradient buckets on `group`, (element count, dtype) each: its C++
-    reducer allreduces them past every Python function, so no call tells their sizes."""
-    with _lock:
-        _buckets.setdefault(group, set()).update(buckets)
-    if push is not None:  # the controller sizes them at their first frame, unasked
+    reducer allreduces them past every Python function, so no call tells their sizes. The
+    controller sizes such an allreduce at its first frame by the one bucket whose ring fits
+    the segments it carries (controller/observer_link.py)."""
+    if push is not None:
         push({"buckets": group, "sizes": [list(b) for b in sorted(set(buckets))]})
-
-
-def bucket_fitting(group: str, world: int, wire: int) -> tuple[int, str] | None:
-    """The one DDP bucket of `group` whose ring has the segments the wire carried (`wire`),
-    if exactly one size does; None if none or several (the recorder answers)."""
-    with _lock:
-        known = [] if group in _untrusted else list(_buckets.get(group, ()))
-    return one_fitting(known, world, wire)
-
-
-def answered(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
-    """An answer not from the call's own note (a DDP bucket's), kept as a note so that the
-    recorder checks it at the next report (`check`): a group found wrong is answered from
-    the recorder after that."""
-    with _lock:
-        _notes[(group, tag)] = (op, numel, ELEM_SIZES.get(dtype, 1), dtype)
 
 
 def noted(group: str, tag: int, op: str, world: int = 0, wire: int = 0) -> tuple[int, str] | None:
