@@ -33,7 +33,7 @@ from .mirror import MirrorInput
 from .outcomes import InstanceRecord, ProtocolError, StateError
 from .p2p import PointToPoint
 from .payloads import Input, PayloadPolicy
-from .release import ReleaseTiming
+from .release import Jittered, ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
 from .starts import Seen, Starters, StartTemplate
 
@@ -358,19 +358,6 @@ class Instance:
         return {self.group.global_rank(r): t for r, t in times.items()}
 
 
-class Jittered:
-    """A timeline whose releases each get the what-if's random extra delay."""
-
-    def __init__(self, timeline, timing: ReleaseTiming, kind: Kind) -> None:
-        self.timeline, self.timing, self.kind = timeline, timing, kind
-
-    def release(self, emu: int, step: int) -> float:
-        return self.timeline.release(emu, step) + self.timing.jitter(self.kind)
-
-    def real_sent(self, rank: int, step: int, t: float) -> None:
-        self.timeline.real_sent(rank, step, t)
-
-
 class Engine:
     """Routes events to instances keyed by (group, slot) and keeps the counters."""
 
@@ -482,6 +469,7 @@ class Engine:
         inst = Instance(self, g, book.slot, kind, tag)
         inst.account.start = min((first for first, _ in book.rank_times().values()), default=inst.account.start)
         inst.shape.geometry, inst.shape.nbytes = tpl.geometry, tpl.nbytes
+        inst.shape.numel, inst.shape.elem, inst.shape.dtype = tpl.told
         inst._move(Phase.RUNNING)
         inst.native = True
         inst.schedule, inst.book = tpl.schedule, book
@@ -499,7 +487,9 @@ class Engine:
         timed = clock is not None and clock is inst.timeline and hasattr(clock, "at") and timing.skew.mode == "none"
         if clock is not None and not timed:
             return
-        tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted)
+        shape = inst.shape
+        tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted,
+                            (shape.numel, shape.elem, shape.dtype))  # fmt: skip
         seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,
                     timing is not None and timing.meter is not None, clock,
                     timing.whatif.entry_delay(inst.kind) if timed else 0.0)  # fmt: skip

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import NamedTuple
 
-from neuronabox.schedules.gloo_reduce import ELEM_SIZES, fits_wire, one_fitting
+from neuronabox.schedules.gloo_reduce import ELEM_SIZES, fits_wire, one_fitting, ring_geometry
 
 from .dialects.gloo.wire import split_slot
 from .engine import Engine
@@ -70,6 +70,7 @@ class ObserverLink:
         self._qid = 0
         self._noted: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, numel, dtype)
         self._buckets: dict[str, set[tuple[int, str]]] = {}  # group -> its DDP models' buckets (numel, dtype)
+        self._worlds: dict[str, int] = {}  # group -> its size, as the engine's questions said
         self.hub.on_buckets = self._on_buckets
 
     # -- the engine's questions ------------------------------------------------------------
@@ -77,15 +78,16 @@ class ObserverLink:
         """The instance's element count, size and dtype (the engine's `request_meta`): at once
         if its call told them and they fit the wire (`wire`: the longest segment its frames
         carried), else asked of the observer, which checks its own note the same way."""
+        self._worlds[group] = world
         note = self._noted.pop((group, split_slot(slot)[1]), None)
         if note is not None and note[0] == kind:
             numel, dtype = note[1], note[2]
             elem = ELEM_SIZES[dtype]
             if fits_wire(world, numel * elem, elem, kind == "reduce", wire):
-                return numel, elem, dtype
+                return Told(numel, elem, dtype)
         bucket = one_fitting(self._buckets.get(group, ()), world, wire) if kind == "all_reduce" else None
         if bucket is not None:  # a DDP bucket (its reducer's call tells nothing): the model's, by its segments
-            return bucket[0], ELEM_SIZES[bucket[1]], bucket[1]
+            return Told(bucket[0], ELEM_SIZES[bucket[1]], bucket[1], standing=True)
         return self._ask(Question(group, slot, real, False), {"kind": kind, "world": world, "seg": wire})
 
     def request_input(self, group: str, slot: int, real: int) -> bool:
@@ -130,6 +132,8 @@ class ObserverLink:
         the question is out already, and the observer answers it from the same note."""
         if dtype not in ELEM_SIZES:
             return  # the question, when it comes, is answered from the flight recorder
+        if kind == "all_reduce" and self._collides(group, numel, dtype):
+            self.engine.clear_starters()
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]
@@ -137,9 +141,24 @@ class ObserverLink:
     def _on_buckets(self, group: str, sizes: list[tuple[int, str]]) -> None:
         """A real rank's DDP model's gradient buckets on `group` (neuronabox/observer/sizes.py)."""
         known = self._buckets.setdefault(group, set())
+        before = len(known)
         known.update((n, d) for n, d in sizes if d in ELEM_SIZES)
+        if len(known) != before:  # a shape a bucket sized may now be ambiguous: its starter goes
+            self.engine.clear_starters()
         if len(known) > BUCKET_SIZES_MAX:  # a script that builds model after model: the question path
             known.clear()
+
+    def _collides(self, group: str, numel: int, dtype: str) -> bool:
+        """Whether an allreduce the call told has the first segment of another size among the
+        group's buckets: a native start from that bucket's first frame would run the wrong ring."""
+        world = self._worlds.get(group)  # known once an instance of the group was sized here
+        if world is None:
+            return False
+        elem = ELEM_SIZES[dtype]
+        bucket = one_fitting(
+            self._buckets.get(group, ()), world, ring_geometry(world, numel * elem, elem, False).segment_bytes
+        )
+        return bucket is not None and bucket != (numel, dtype)
 
     def _on_lost(self, rank: int) -> None:
         """A real rank's observer went away: its open questions fall back to the wire

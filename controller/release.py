@@ -193,3 +193,16 @@ class ReleaseTiming:
             "p99_us": xs[min(len(xs) - 1, int(len(xs) * 0.99))] * 1e6,
             "max_us": xs[-1] * 1e6,
         }
+
+
+class Jittered:
+    """A timeline whose releases each get the what-if's random extra delay."""
+
+    def __init__(self, timeline, timing: ReleaseTiming, kind: Kind) -> None:
+        self.timeline, self.timing, self.kind = timeline, timing, kind
+
+    def release(self, emu: int, step: int) -> float:
+        return self.timeline.release(emu, step) + self.timing.jitter(self.kind)
+
+    def real_sent(self, rank: int, step: int, t: float) -> None:
+        self.timeline.real_sent(rank, step, t)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum, auto
+from typing import NamedTuple
 
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import (
@@ -33,7 +34,18 @@ ROOT_CANDIDATES_CHECKED = 64  # broadcast roots weighed against silent real rank
 ROOT_GRACE_S = 0.02  # how long an ambiguous broadcast root waits for a silent real rank to speak
 OBSERVER_OP = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE: "reduce", Kind.BROADCAST: "broadcast"}  # its op names
 
-Told = tuple[int, int, str]  # a ring's element count, element size and dtype, as its call told them
+
+class Told(NamedTuple):
+    """A ring's element count, element size and dtype, as the observer told them before
+    any question: one call's note, or a standing answer (`standing`: a DDP model's buckets,
+    where the same first frames get the same answer, so its shape may start natively)."""
+
+    numel: int
+    elem: int
+    dtype: str
+    standing: bool = False
+
+
 # (group, slot, global rank, op, group size, the wire's longest segment so far) -> asked, or
 # the answer at once when the real rank's call already told it (observer/sizes.py)
 Ask = Callable[[str, int, int, str, int, int], "bool | Told"]
@@ -89,6 +101,7 @@ class ShapeInference:
         self.numel: int | None = None  # the tensor's element count, size and dtype, when the observer told them
         self.elem: int | None = None
         self.dtype: str | None = None
+        self.standing = False  # the size came from a standing answer (Told.standing)
 
     # -- transitions, in one place -------------------------------------------------------
     def _move_question(self, to: Question) -> None:
@@ -158,13 +171,13 @@ class ShapeInference:
 
     def settled_by(self) -> list[tuple[Conn, Event]] | None:
         """The frames that alone gave the schedule, in order, when they are notices on one
-        pair and neither the observer nor a grace period had a part: another instance with
-        those first frames on that pair has this shape (a native start, controller/starts.py;
-        an allgather's block takes two notices). None otherwise. A reduce's root comes from
-        a later frame."""
+        pair and neither a question nor a grace period had a part (a standing answer, which
+        the same frames get again, may): another instance with those first frames on that
+        pair has this shape (a native start, controller/starts.py; an allgather's block
+        takes two notices). None otherwise. A reduce's root comes from a later frame."""
         frames = [f for evs in self.notices.values() for f in evs]
         if (
-            self.question is not Question.NOT_ASKED
+            not (self.question is Question.NOT_ASKED or (self.question is Question.ANSWERED and self.standing))
             or self.grace is not Grace.NOT_STARTED
             or self.kind == Kind.REDUCE
             or len({id(conn) for conn, _ in frames}) != 1
@@ -301,7 +314,8 @@ class ShapeInference:
         if not certain and self.question is Question.NOT_ASKED:
             asked = self._ask_observer(self.first[0].real, seg)
             if isinstance(asked, tuple):
-                return self.from_meta(*asked)
+                self.standing = isinstance(asked, Told) and asked.standing
+                return self.from_meta(asked[0], asked[1], asked[2])
             if asked:
                 return None
         num = 2 * w if two_w else 3 * w

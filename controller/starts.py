@@ -1,7 +1,8 @@
 """Native starts: the first frames of seen shapes, and what the core starts from them.
 
 A collective instance whose first frames alone settled its schedule (notices on one
-pair, no observer's answer) leaves a starter in the core (`Core.add_starter`): the next
+pair; no observer's answer but a standing one, a DDP bucket's size, which the same
+first frames always get) leaves a starter in the core (`Core.add_starter`): the next
 instance of its group with those first frames on that pair gets its book in C++, loaded
 with the recorded program and connected before the frames go in, so no Python runs
 before its messages flow. An allgather's block takes two notices: its starter is kept
@@ -44,6 +45,7 @@ class StartTemplate:
     nbytes: int
     pairs: tuple[Pair, ...]  # the program's pairs, by index
     predicted: float = 0.0  # the model's time for the shape, as Python priced it
+    told: tuple[int | None, int | None, str | None] = (None, None, None)  # the ring's numel, elem, dtype if told
 
 
 @dataclass(frozen=True)

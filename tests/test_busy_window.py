@@ -3,10 +3,12 @@ pair event the core polls rather than sleeps, and Python's idle work waits for t
 to close; the time it polled with nothing ready is counted apart (`Core.polled`), so
 the loop's CPU at work (each record's `loop_cpu_s`) leaves it out. Real sockets, the
 native core and pair. The one time compared is a lower bound the core enforces (the idle
-turn comes no sooner than the window's end), which load can only push further out."""
+turn comes no sooner than the window's end), which load can only push further out. And the
+order of one epoll answer: Python's events before the pairs'."""
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 
@@ -60,3 +62,29 @@ def test_without_a_window_idle_work_runs_once_nothing_is_ready_and_a_closed_wind
     frames, _ = core.wait(t0 + 0.01, False, WINDOW_S)  # the window is over and nothing is idle work
     assert frames == [] and time.monotonic() >= t0 + 0.01
     assert core.polled() == polled  # it slept to `until`
+
+
+def test_python_goes_first_when_its_events_come_with_pair_events():
+    """An observer's note of a call's size is written before the call's first frame: when
+    both are in one epoll answer, Python's turn comes before the pair is served, so a frame
+    a native starter would take cannot start a book the note rules out. The pair is served
+    at the next call, even if Python's epoll is still readable (no starving)."""
+    core = _native.Core(done=lambda owner: None, emit=lambda conn: None)
+    note, note_peer = socket.socketpair()
+    py = select.epoll()
+    py.register(note.fileno(), select.EPOLLIN)
+    core.also(py.fileno())
+    mine, peer = socket.socketpair()
+    conn = Conn(Group("0", 2, RealRanks([0], 2)), 0, 1, GlooPair())
+    core.watch(mine.fileno(), conn, "rank 0 <-> emulated 1")
+    try:
+        note_peer.send(b"note")
+        peer.close()
+        assert core.wait(time.monotonic() + 30, False, 0.0) == ([], True)
+        frames, _ = core.wait(time.monotonic() + 30, False, 0.0)  # the note unread: Python still readable
+        assert frames == [(conn, None)]
+    finally:
+        core.unwatch(mine.fileno())
+        for s in (note, note_peer, mine):
+            s.close()
+        py.close()

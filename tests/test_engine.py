@@ -11,6 +11,7 @@ import pytest
 from neuronabox.controller.dialects.gloo.protocol import GLOO, Data, GlooPair, RecvReady
 from neuronabox.controller.dialects.gloo.wire import SlotPrefix, make_slot
 from neuronabox.controller.engine import Conn, Engine, Group, ProtocolError
+from neuronabox.controller.shape import Told
 
 from neuronabox.schedules.gloo import (
     BinomialBroadcast,
@@ -258,6 +259,33 @@ def test_a_size_told_before_the_first_frame_installs_the_ring_at_that_frame():
     assert len(side.completed) == 1
     rec = side.completed[0]
     assert (rec.numel, rec.dtype) == (total // 4, "Float") and rec.geometry.endswith("(observer)")
+
+
+@pytest.mark.parametrize("standing", [True, False])
+def test_a_ring_sized_by_a_standing_answer_starts_natively_the_next_time(standing):
+    """A DDP bucket's size is the controller's standing answer for its first frame (the one
+    bucket whose ring fits it), so the next instance with that first frame gets the same
+    answer: it starts in the core, as DDP's buckets must every step. A size one call's note
+    told belongs to that call alone: the next instance asks again, in Python."""
+    world, total = 2, 6299648  # the MLP example's second bucket: 8 segments the wire cannot count
+    sched = RingAllreduce(RingGeometry.for_tensor(world, total, 4))
+    side = RealSide(world, (0,), sched, make_slot(SlotPrefix.ALLREDUCE, 3))
+    side.engine.native_start = True
+    asked = []
+    side.engine.request_meta = lambda g, slot, r, kind, world, wire: (
+        asked.append(slot) or Told(total // 4, 4, "Float", standing)
+    )
+    side.start()
+    side.pump()
+    first = dict(side.got)
+    for tag in (4, 5):
+        again(side, tag)
+    assert [r.native for r in side.completed] == [False, standing, standing]
+    assert len(asked) == (1 if standing else 3)
+    assert {(r.nbytes, r.numel, r.dtype, r.geometry) for r in side.completed} == {
+        (total, total // 4, "Float", side.completed[0].geometry)
+    }
+    assert side.got == first and not side.engine.instances
 
 
 def test_an_allreduce_ring_posts_its_receives_two_ahead_as_gloo_does():

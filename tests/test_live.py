@@ -117,6 +117,22 @@ def test_a_ring_the_wire_leaves_open_is_sized_as_its_call_enters(run, tmp_path, 
     assert {i["numel"] for i in told} <= set(map(int, elements.split(",")))
 
 
+def test_a_call_with_a_buckets_first_segment_is_sized_by_its_own_note(run, tmp_path):
+    """A DDP bucket's size is a standing answer, so a bucket seen before starts natively from
+    its first frame; but a plain allreduce whose first segment is the bucket's (another
+    last segment, or fewer segments) would start as the bucket. Its call's note, which
+    comes before its frames, keeps it in Python: the note wins there, and every value is
+    right (without that guard the run breaks at the first such call)."""
+    trace = tmp_path / "trace.json"
+    res = run("torchrun", "--nnodes", "2", "--trace", str(trace), str(SCRIPTS / "ddp_collide.py"), "4")
+    assert res.rc == 0, res.out[-2000:] + res.err[-3000:]
+    assert "all checks passed" in res.out
+    rings = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce" and i["nbytes"] > 1 << 20]
+    assert [i["numel"] for i in rings] == [1_574_912, 1_574_911, 1_181_184] * 4
+    calls = [i for i in rings if i["numel"] != 1_574_912]
+    assert not any(i.get("native_start") for i in calls)
+
+
 def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tmp_path):
     """A point-to-point call past ProcessGroup's Python methods (as a C++ caller's would be)
     moves the group's sequence number without the observer counting it: every size it tells
@@ -143,7 +159,10 @@ def test_ddp_buckets_the_wire_leaves_open_are_sized_from_the_models_buckets(run,
     so no call tells their sizes. The observer sends the model's buckets (the first
     iteration's and the rebuilt ones) and the controller takes the one whose ring has the
     segments the first frame carried. With the flight recorder off that is the only source; without it the
-    wire's guess for the 6.3 MB bucket (6 segments, not 8) breaks the run."""
+    wire's guess for the 6.3 MB bucket (6 segments, not 8) breaks the run. That answer stands
+    for every instance with the same first frame, so a bucket seen before starts natively,
+    as DDP's buckets must every step (with one real rank a third at least: a refit of the
+    measured local work drops the starters now and then)."""
     trace = tmp_path / "trace.json"
     res = run(
         "torchrun", "--nnodes", str(nnodes), "--real-nodes", real_nodes, "--trace", str(trace),
@@ -156,3 +175,6 @@ def test_ddp_buckets_the_wire_leaves_open_are_sized_from_the_models_buckets(run,
     assert len(told) >= 6 and all(i in told or "(wire)" in i["geometry"] for i in buckets), [
         (i["nbytes"], i["geometry"]) for i in buckets
     ]
+    native = [i for i in told if i.get("native_start")]
+    if real_nodes == "0":  # one real rank: its first frame is every instance's (with two, either may come first)
+        assert 3 * len(native) >= len(told), [(i["nbytes"], i.get("native_start", False)) for i in told]

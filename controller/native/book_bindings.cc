@@ -205,6 +205,7 @@ struct CoreObject {
   int pyfd;  // Python's own epoll, in ours (also())
   double busy_at;  // monotonic: the loop's last pair event or release (wait's busy window)
   double polled_s;  // the loop's time in its busy window's polls that found nothing (polled())
+  bool python_first;  // the last answer's pair events were left for after Python's turn
   CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
 };
 
@@ -732,6 +733,17 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     // it (a book started natively, a release), and a rank's last frame of one collective
     // could read as later than its first of the next, an overlap it never had.
     const double ready_at = n > 0 ? monotonic() : 0.0;
+    // Python's events first when its epoll is in an answer with pair events: an observer's
+    // note of a call's size precedes that call's frames (the rank wrote it first), and a
+    // frame a starter would take must not start a book the note rules out
+    // (controller/observer_link.py). The pairs stay readable and are served at the next
+    // call; only every other answer, so a busy Python cannot starve them.
+    if (n > 1 && !self->python_first) {
+      for (int i = 0; i < n && !python; ++i) python = evs[i].data.fd == self->pyfd;
+      self->python_first = python;
+      if (python) continue;
+    }
+    self->python_first = false;
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == self->pyfd) {
         python = true;
