@@ -8,12 +8,16 @@ controller's), with the launcher's default placement (a core per real rank and o
 the controller, when the machine has them). K interleaved pairs, the order flipped every
 pair; each run's figure is rank 0's median iteration time, as the workload prints it.
 Prints one markdown row: each side's median [min-max], the error of the medians and the
-range of the per-pair errors.
+range of the per-pair errors. `--python-starts` adds a third run to each round, the
+emulated run with every collective's book started from Python (NEURONABOX_NATIVE_START=0),
+and its column: what native starts take off the iteration; `--skew-auto` one emulated with
+`--skew auto`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -24,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"neuronabox-iteration .*\brank=0\b.*\bmedian_ms=([0-9.]+)")
 
 
-def run(cmd: list[str]) -> float:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+def run(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     m = LINE.search(proc.stdout)
     if proc.returncode != 0 or not m:
         sys.exit(f"{' '.join(cmd[:6])} ... failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -40,26 +44,41 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workload", default="mlp", choices=("mlp", "cnn", "gpt"))
+    p.add_argument("--python-starts", action="store_true", help="also run with every book started from Python")
+    p.add_argument("--skew-auto", action="store_true", help="also run emulated with --skew auto")
     args = p.parse_args()
     script = [f"examples/{args.workload}.py", "--steps", str(args.steps)]
     all_real = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *script]
     emulated = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", *script]
-    real, emu = [], []
+    runs = {"all-real": (all_real, None), "emulated": (emulated, None)}
+    if args.python_starts:
+        runs["python starts"] = (emulated, dict(os.environ, NEURONABOX_NATIVE_START="0"))
+    if args.skew_auto:
+        runs["skew auto"] = (emulated[:6] + ["--skew", "auto"] + emulated[6:], None)
+    times: dict[str, list[float]] = {mode: [] for mode in runs}
     for rep in range(args.repeat):
-        for mode in ("all-real", "emulated") if rep % 2 == 0 else ("emulated", "all-real"):
-            t = run(all_real if mode == "all-real" else emulated)
-            (real if mode == "all-real" else emu).append(t)
-            print(f"rep {rep} {mode:<9} {t:8.2f} ms", file=sys.stderr, flush=True)
+        order = list(runs)[rep % len(runs) :] + list(runs)[: rep % len(runs)]  # rotated every round
+        for mode in order:
+            t = run(*runs[mode])
+            times[mode].append(t)
+            print(f"rep {rep} {mode:<13} {t:8.2f} ms", file=sys.stderr, flush=True)
+    real, emu = times["all-real"], times["emulated"]
     errs = [e / r - 1 for r, e in zip(real, emu, strict=True)]
     err = statistics.median(emu) / statistics.median(real) - 1
 
     def ms(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
-    print("| workload | W | all-real ms | plain emulated ms | error (per pair) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    extra = [m for m in ("python starts", "skew auto") if m in times]
+    label = {"python starts": "every book from Python", "skew auto": "emulated, --skew auto"}
+    head = "".join(f" {label[m]} ms | its error |" for m in extra)
+    print("| workload | W | all-real ms | plain emulated ms | error (per pair) |" + head)
+    print("| --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(extra))
+    tail = "".join(
+        f" {ms(times[m])} | {(statistics.median(times[m]) / statistics.median(real) - 1) * 100:+.1f}% |" for m in extra
+    )
     print(f"| {args.workload} | 2 | {ms(real)} | {ms(emu)} | {err * 100:+.1f}% "
-          f"({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) |")  # fmt: skip
+          f"({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) |" + tail)  # fmt: skip
 
 
 if __name__ == "__main__":
