@@ -205,7 +205,7 @@ struct CoreObject {
   int pyfd;  // Python's own epoll, in ours (also())
   double busy_at;  // monotonic: the loop's last pair event or release (wait's busy window)
   double polled_s;  // the loop's time in its busy window's polls that found nothing (polled())
-  bool python_first;  // the last answer's pair events were left for after Python's turn
+  int python_first;  // answers in a row whose pair events were left for after Python's turn
   CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
 };
 
@@ -609,6 +609,7 @@ PyObject* core_also(PyObject* obj, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+constexpr int kPythonFirst = 8;  // answers in a row that may serve Python before the pairs (wait)
 constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this close to a timer, then poll
 constexpr int kMaxEvents = 64;
 constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
@@ -736,14 +737,16 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     // Python's events first when its epoll is in an answer with pair events: an observer's
     // note of a call's size precedes that call's frames (the rank wrote it first), and a
     // frame a starter would take must not start a book the note rules out
-    // (controller/observer_link.py). The pairs stay readable and are served at the next
-    // call; only every other answer, so a busy Python cannot starve them.
-    if (n > 1 && !self->python_first) {
+    // (controller/observer_link.py). The pairs stay readable and are served at a later
+    // call; at most kPythonFirst answers in a row, so a busy Python cannot starve them.
+    if (n > 1 && self->python_first < kPythonFirst) {
       for (int i = 0; i < n && !python; ++i) python = evs[i].data.fd == self->pyfd;
-      self->python_first = python;
-      if (python) continue;
+      if (python) {
+        ++self->python_first;
+        continue;
+      }
     }
-    self->python_first = false;
+    self->python_first = 0;
     for (int i = 0; i < n; ++i) {
       if (evs[i].data.fd == self->pyfd) {
         python = true;
