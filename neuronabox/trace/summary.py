@@ -58,6 +58,8 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         lines.append(f"  local work      {work}")
     if reply.steps:
         lines.append(f"  optimizer steps {reply.steps}   iteration time {reply.iteration_s * 1e3:.2f} ms")
+        if len(reply.real_ranks) < reply.world_size:
+            lines.append(f"  skew            {skew_line(header.get('skew', 'none'))}")
     elif header.get("observer", True):
         lines.append("  optimizer steps not observed (the observer saw no optimizer.step()); iteration time unknown")
     else:
@@ -77,3 +79,16 @@ def local_work_line(lw: dict) -> str:
     if source == "measured":
         return f"{what}: the real rank's own, measured ({lw.get('samples', 0)} samples; --local-work topology: none)"
     return f"{what}: the topology's" if source == "topology" else f"{what}: the live run's, recorded"
+
+
+def skew_line(skew: str) -> str:
+    """How the emulated ranks entered collectives: the reading an iteration time needs (a
+    real job waits for its slowest rank; on time, the emulated ranks never are)."""
+    if skew == "none":
+        return (
+            "none: the emulated ranks entered every collective with the real rank, so no step waited for "
+            "a late one (--skew auto draws their lateness from the real rank's own variation)"
+        )
+    if skew == "auto":
+        return "auto: the emulated ranks entered late by draws from the real rank's own variation, per place"
+    return f"{skew}: the emulated ranks entered late by draws from its delays"
