@@ -33,7 +33,7 @@ from .mirror import MirrorInput
 from .outcomes import InstanceRecord, ProtocolError, StateError
 from .p2p import PointToPoint
 from .payloads import Input, PayloadPolicy
-from .release import Jittered, ReleaseTiming
+from .release import DrawnStart, Jittered, ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
 from .starts import Seen, Starters, StartTemplate
 
@@ -385,8 +385,8 @@ class Engine:
         `native_start`: an instance whose first frame matches one that alone settled an
         earlier instance's schedule starts natively, in the core, and its Python instance
         is made at the driver's next turn (`adopt_started`); only where releases are
-        untimed or priced by a native timeline with no draws, and emulated payloads are
-        the book's own (controller/starts.py)."""
+        untimed or priced by a native timeline (under drawn skew, one each start draws),
+        and emulated payloads are the book's own (controller/starts.py)."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -481,18 +481,21 @@ class Engine:
 
     def offer_start(self, inst: Instance, clock: object, frames: list) -> None:
         """`inst`'s first frames alone settled its schedule: the next instance with those first
-        frames starts natively, untimed or with a native timeline that has no draw of its own
-        (`clock`: what its book was given; controller/starts.py)."""
+        frames starts natively, untimed or with a native timeline moved to its entry, or under
+        drawn skew one it draws itself (`clock`: what its book was given; controller/starts.py)."""
         timing = self.timing
-        timed = clock is not None and clock is inst.timeline and hasattr(clock, "at") and timing.skew.mode == "none"
+        timed = clock is not None and clock is inst.timeline and hasattr(clock, "at")
         if clock is not None and not timed:
             return
+        drawn = timed and timing.skew.mode != "none"  # each start draws its own entry (release.DrawnStart)
         shape = inst.shape
         tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted,
                             (shape.numel, shape.elem, shape.dtype))  # fmt: skip
+        if drawn:
+            clock = DrawnStart(timing, inst.kind, inst.nbytes, inst.schedule, inst.group.real, inst.group.name)
         seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,
                     timing is not None and timing.meter is not None, clock,
-                    timing.whatif.entry_delay(inst.kind) if timed else 0.0)  # fmt: skip
+                    timing.whatif.entry_delay(inst.kind) if timed and not drawn else 0.0, drawn)  # fmt: skip
         self.starters.offer(seen, self.start_basis())
 
     def adopt_started(self) -> None:

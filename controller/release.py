@@ -206,3 +206,23 @@ class Jittered:
 
     def real_sent(self, rank: int, step: int, t: float) -> None:
         self.timeline.real_sent(rank, step, t)
+
+
+class DrawnStart:
+    """A native starter's timeline under drawn skew: each start makes its own, with its own
+    entry and draws (seeded by its tag), in the core's call, as `Instance._install` would."""
+
+    def __init__(self, timing: ReleaseTiming, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks,
+                 group: str) -> None:  # fmt: skip
+        self.timing, self.kind, self.nbytes, self.schedule, self.real, self.group = (
+            timing,
+            kind,
+            nbytes,
+            schedule,
+            real,
+            group,
+        )
+
+    def at(self, t0: float, tag: int) -> Timeline | None:
+        work = self.timing.work_at(self.group, tag)
+        return self.timing.timeline(self.kind, self.nbytes, self.schedule, self.real, t0, self.group, tag, work)

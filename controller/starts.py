@@ -14,9 +14,12 @@ such book at the driver's next turn (`Engine.adopt_started`), off the collective
 
 A timed instance's book gets the template's native timeline moved to its own entry
 (`timeline.at(t0)`, in C++): the same release times as a timeline made in Python for it,
-as long as nothing but the entry differs, so only without drawn skew or jitter, and only
-while the what-if and the charged local work stay those the template was made under
-(its `basis`; either changing drops every starter). Emulated payloads must be the book's
+as long as nothing but the entry differs, so only without jitter, and only while the
+what-if and the charged local work stay those the template was made under (its `basis`;
+either changing drops every starter). Under drawn skew (`--skew auto|FILE`) each start
+has its own draws: the starter's timeline is then `release.DrawnStart`, which the core
+calls with the start's entry and tag to make the instance's timeline as a Python start
+would (the skew's draw, seeded by the tag, and its bookkeeping of the place). Emulated payloads must be the book's
 own (no mirrored input, no reduce whose root a later frame names). A closed pair or a
 new generation drops them too.
 """
@@ -60,6 +63,7 @@ class Seen:
     turnarounds: bool = False  # the book times the real ranks' turnarounds (the local-work meter)
     timeline: object = None  # a native timeline (None: untimed), cloned to each start's entry
     entry_delay: float = 0.0  # the what-if's later entry for the collective
+    drawn: bool = False  # `timeline` draws each start's own entry: at(t, tag) (release.DrawnStart)
 
 
 class Starters:
@@ -99,7 +103,7 @@ class Starters:
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
-            head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay,
+            head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn,
         )  # fmt: skip
         self.keys.add(key)
 

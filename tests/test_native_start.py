@@ -102,3 +102,20 @@ def test_an_allgather_that_two_notices_settle_starts_natively_at_w2(tmp_path):
     allgathers = [i for i in native if i["kind"] == "allgather"]
     assert len(allgathers) == 4 and sum(1 for i in allgathers if i.get("native_start")) == 3, allgathers
     assert native_end["starts"]["native"] == sum(1 for i in native if i.get("native_start"))
+
+
+def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
+    """Under `--skew` each instance draws its emulated ranks' entries (seeded by its tag):
+    the starter's timeline makes each start's own in the core's call, as a Python start
+    would at its install, so allreduces start natively and every one still waits for the
+    drawn 6 ms (before, drawn skew kept every start in Python)."""
+    delays = tmp_path / "delays.txt"
+    delays.write_text("6\n")
+    instances, footer, got = loop(tmp_path, "drawn", "--skew", str(delays))
+    allreduces = [i for i in instances if i["kind"] == "allreduce"]
+    started = [i for i in allreduces if i.get("native_start")]
+    assert len(started) >= len(allreduces) // 2, [i.get("native_start", False) for i in allreduces]
+    assert footer["starts"]["native"] == sum(1 for i in instances if i.get("native_start"))
+    assert got["allreduce"]["min_s"] >= 6e-3, got  # no repetition ends before the emulated ranks enter
+    spans = [b - a for i in started for a, b in i["per_rank"].values()]
+    assert min(spans) >= 6e3, spans  # microseconds

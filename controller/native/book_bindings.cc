@@ -181,6 +181,7 @@ struct Starter {
   PyObject* token;          // strong: what Python adopts the book by
   PyObject* timeline;       // strong, or null (untimed): a native timeline; each start takes at(t + entry_delay)
   double entry_delay;       // the what-if's later entry for the collective
+  bool drawn;               // `timeline` draws each start's entry: at(t + entry_delay, tag) makes a native one
 };
 
 // A slot's first frames on a pair, held while they are a prefix of a starter's frames.
@@ -768,7 +769,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 Program* program_of(PyObject* obj);
 
 // add_starter(conn, index, mask, value, frames, tag_shift, tag_mask, head, tail, program, conns, turnarounds,
-//             token, timeline, entry_delay)
+//             token, timeline, entry_delay, drawn=False)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   PyObject *conn, *frames_list, *program, *conns, *token, *timeline;
@@ -777,9 +778,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   int tag_shift, turnarounds;
   const char *head, *tail;
   double entry_delay;
-  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+  int drawn = 0;
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|p", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
                         &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
-                        &token, &timeline, &entry_delay)) {
+                        &token, &timeline, &entry_delay, &drawn)) {
     return nullptr;
   }
   std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
@@ -789,7 +791,11 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
     if (!PyArg_ParseTuple(PyList_GET_ITEM(frames_list, i), "pK", &send_ready, &length)) return nullptr;
     frames.emplace_back(send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length);
   }
-  if (timeline != Py_None) {
+  if (drawn != 0 && timeline == Py_None) {
+    PyErr_SetString(PyExc_ValueError, "a drawn starter needs the timeline that draws each start's entry");
+    return nullptr;
+  }
+  if (timeline != Py_None && drawn == 0) {
     const timing::TimingApi* api = timing_api();
     int kind = 0;
     if (api == nullptr || api->native_of(timeline, &kind) == nullptr) {
@@ -822,7 +828,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Starter st{po, static_cast<size_t>(index), mask, value, std::move(frames), tag_shift, tag_mask,
              head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
-             entry_delay};
+             entry_delay, drawn != 0};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
     PyObject* c = PyList_GET_ITEM(conns, i);
     Py_INCREF(c);
@@ -867,9 +873,10 @@ PyObject* core_take_started(PyObject* obj, PyObject*) {
 PyMethodDef core_methods[] = {
     {"add_starter", core_add_starter, METH_VARARGS,
      "add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns, "
-     "turnarounds, token, timeline, entry_delay): a first notice of this kind and length on conn's pair, for a slot "
-     "with slot & mask == value and no book, starts a book natively: named head + tag + tail, released by "
-     "timeline.at(now + entry_delay) (None: untimed), `program` loaded, `conns` (one per program pair; `index` is "
+     "turnarounds, token, timeline, entry_delay, drawn=False): a first notice of this kind and length on conn's pair, "
+     "for a slot with slot & mask == value and no book, starts a book natively: named head + tag + tail, released by "
+     "timeline.at(now + entry_delay) (drawn: at(now + entry_delay, tag), the start's own draws; None: untimed), "
+     "`program` loaded, `conns` (one per program pair; `index` is "
      "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
     {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
     {"polled", core_polled, METH_NOARGS,
@@ -1664,9 +1671,13 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     ~CoreRef() { Py_DECREF(o); }
   } core_ref{reinterpret_cast<PyObject*>(core)};
   {
+    const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
     std::shared_ptr<ReleaseClock> clock;
     if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
-      PyObject* tl = PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
+      // Drawn: the instance's own entry, its draws seeded by its tag, as a Python start makes it.
+      PyObject* tl = st.drawn ? PyObject_CallMethod(st.timeline, "at", "dK", now + st.entry_delay,
+                                                    static_cast<unsigned long long>(tag))
+                              : PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
       if (tl == nullptr) return false;
       const timing::TimingApi* api = timing_api();
       int kind = 0;
@@ -1689,7 +1700,6 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     if (b == nullptr) return false;
     PyObject* obj = reinterpret_cast<PyObject*>(b);
     try {
-      const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
       b->book = new Book(st.head + std::to_string(tag) + st.tail, ev.slot, std::move(clock));
       if (st.turnarounds) b->book->time_turnarounds();
       b->conns = new std::vector<PyObject*>();
