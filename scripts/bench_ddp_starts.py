@@ -1,6 +1,6 @@
 """DDP's buckets started natively against every book started from Python, interleaved.
 
-    python scripts/bench_ddp_starts.py [--repeat K] [--steps N] [--workload mlp]
+    python scripts/bench_ddp_starts.py [--repeat K] [--steps N] [--workload mlp] [--skew none|auto|FILE]
 
 The MLP example at W = 2 (its buckets, 4.2 and 6.3 MB, have segments the wire cannot
 count: the controller sizes them from the model's buckets, a standing answer, so a bucket
@@ -55,10 +55,10 @@ def measure(trace: Path) -> dict[str, float]:
     }
 
 
-def run(steps: int, workload: str, placement: Path, trace: Path, env: dict[str, str]) -> dict[str, float]:
+def run(steps: int, workload: str, placement: Path, trace: Path, env: dict[str, str], skew: str) -> dict[str, float]:
     cmd = [
         sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--placement", str(placement),
-        "--trace", str(trace), f"examples/{workload}.py", "--steps", str(steps),
+        "--skew", skew, "--trace", str(trace), f"examples/{workload}.py", "--steps", str(steps),
     ]  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=dict(os.environ, **env),
@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--workload", default="mlp")
+    p.add_argument("--skew", default="none", help="the runs' --skew (none, auto or a file)")
     args = p.parse_args()
     got: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as d:
@@ -82,7 +83,7 @@ def main() -> None:
         for rep in range(args.repeat):
             order = list(MODES) if rep % 2 == 0 else list(MODES)[::-1]
             for mode in order:
-                fig = run(args.steps, args.workload, placement, Path(d) / "trace.jsonl", MODES[mode])
+                fig = run(args.steps, args.workload, placement, Path(d) / "trace.jsonl", MODES[mode], args.skew)
                 got[mode].append(fig)
                 print(f"rep {rep} {mode}: {fig}", file=sys.stderr, flush=True)
 
