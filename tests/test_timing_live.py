@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 
 import pytest
 from conftest import EXAMPLE, ROOT, Live, control_address, nbx
@@ -74,11 +75,15 @@ def test_real_rank_tracks_the_model(tmp_path):
     for kind, stats in got.items():
         best, median, want = stats["min_s"], stats["median_s"], predicted[kind]
         # It keeps the model's pace (its best repetition), is never released early (its
-        # median), and does not time the emulator. The median's upper bound is loose: a
-        # wake-up on this VM can wait a scheduler tick (4 ms), all-real runs alike
-        # (docs/fidelity.md, "Tick stalls"), and CI saw a 3 ms barrier's median at 3.75 ms.
+        # median), and does not time the emulator: the controller's own lag past the modeled
+        # releases stays small. Not the real rank's median against an upper bound: a wake-up
+        # on this VM can wait a scheduler tick (4 ms), all-real runs alike (docs/fidelity.md,
+        # "Tick stalls"), and under the other test worker's load a clean clone once saw a
+        # 3.2 ms barrier's median at 12.7 ms (3.75 ms another time).
         assert abs(best - want) <= 0.15 * want + late, (kind, best, want, late)
-        assert 0.85 * want <= median <= 2 * want + late, (kind, median, want, late)
+        assert 0.85 * want <= median, (kind, median, want, late)
+        lags = [r["lag_us"] * 1e-6 for r in big if r["kind"] == kind and r.get("lag_us") is not None]
+        assert lags and statistics.median(lags) <= 0.15 * want + late, (kind, sorted(lags), want, late)
     assert predicted["broadcast"] > predicted["allgather"] > predicted["barrier"]
     # Releases are late by a small part of the model's own times (the same run's barrier).
     assert doc["release"]["timed_releases"] > 0 and doc["release"]["median_us"] * 1e-6 < predicted["barrier"]
