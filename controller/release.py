@@ -11,6 +11,7 @@ real rank's pace (DESIGN.md, "Timing semantics").
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
@@ -208,20 +209,17 @@ class Jittered:
         self.timeline.real_sent(rank, step, t)
 
 
+@dataclass(frozen=True)
 class DrawnStart:
     """A native starter's timeline under drawn skew: each start makes its own, with its own
     entry and draws (seeded by its tag), in the core's call, as `Instance._install` would."""
 
-    def __init__(self, timing: ReleaseTiming, kind: Kind, nbytes: int, schedule: Schedule, real: RealRanks,
-                 group: str) -> None:  # fmt: skip
-        self.timing, self.kind, self.nbytes, self.schedule, self.real, self.group = (
-            timing,
-            kind,
-            nbytes,
-            schedule,
-            real,
-            group,
-        )
+    timing: ReleaseTiming
+    kind: Kind
+    nbytes: int
+    schedule: Schedule
+    real: RealRanks
+    group: str
 
     def at(self, t0: float, tag: int) -> Timeline | None:
         work = self.timing.work_at(self.group, tag)

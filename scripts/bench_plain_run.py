@@ -49,12 +49,16 @@ def main() -> None:
     args = p.parse_args()
     script = [f"examples/{args.workload}.py", "--steps", str(args.steps)]
     all_real = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *script]
-    emulated = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", *script]
+
+    def emulated_with(*flags: str) -> list[str]:
+        return [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", *flags, *script]
+
+    emulated = emulated_with()
     runs = {"all-real": (all_real, None), "emulated": (emulated, None)}
     if args.python_starts:
         runs["python starts"] = (emulated, dict(os.environ, NEURONABOX_NATIVE_START="0"))
     if args.skew_auto:
-        runs["skew auto"] = (emulated[:6] + ["--skew", "auto"] + emulated[6:], None)
+        runs["skew auto"] = (emulated_with("--skew", "auto"), None)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     for rep in range(args.repeat):
         order = list(runs)[rep % len(runs) :] + list(runs)[: rep % len(runs)]  # rotated every round

@@ -79,7 +79,7 @@ def test_python_goes_first_when_its_events_come_with_pair_events():
     core.watch(mine.fileno(), conn, "rank 0 <-> emulated 1")
     try:
         note_peer.send(b"note")
-        peer.close()
+        peer.close()  # both readable before any wait: the order is the property, no time is compared
         for _ in range(8):  # the note left unread: Python stays readable
             assert core.wait(time.monotonic() + 30, False, 0.0) == ([], True)
         frames, _ = core.wait(time.monotonic() + 30, False, 0.0)
