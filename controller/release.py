@@ -222,5 +222,7 @@ class DrawnStart:
     group: str
 
     def at(self, t0: float, tag: int) -> Timeline | None:
+        """The start's timeline; None once the timing is inactive (the zero model's what-if
+        cleared since the offer): the core then starts the book untimed."""
         work = self.timing.work_at(self.group, tag)
         return self.timing.timeline(self.kind, self.nbytes, self.schedule, self.real, t0, self.group, tag, work)

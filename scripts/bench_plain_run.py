@@ -10,8 +10,8 @@ pair; each run's figure is rank 0's median iteration time, as the workload print
 Prints one markdown row: each side's median [min-max], the error of the medians and the
 range of the per-pair errors. `--python-starts` adds a third run to each round, the
 emulated run with every collective's book started from Python (NEURONABOX_NATIVE_START=0),
-and its column: what native starts take off the iteration; `--skew-auto` one emulated with
-`--skew auto`.
+and its column: what native starts take off the iteration; `--skew-none` one emulated with
+`--skew none` (the default is auto: the emulated ranks draw the real rank's variation).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--workload", default="mlp", choices=("mlp", "cnn", "gpt"))
     p.add_argument("--python-starts", action="store_true", help="also run with every book started from Python")
-    p.add_argument("--skew-auto", action="store_true", help="also run emulated with --skew auto")
+    p.add_argument("--skew-none", action="store_true", help="also run emulated with --skew none")
     args = p.parse_args()
     script = [f"examples/{args.workload}.py", "--steps", str(args.steps)]
     all_real = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *script]
@@ -57,8 +57,8 @@ def main() -> None:
     runs = {"all-real": (all_real, None), "emulated": (emulated, None)}
     if args.python_starts:
         runs["python starts"] = (emulated, dict(os.environ, NEURONABOX_NATIVE_START="0"))
-    if args.skew_auto:
-        runs["skew auto"] = (emulated_with("--skew", "auto"), None)
+    if args.skew_none:
+        runs["skew none"] = (emulated_with("--skew", "none"), None)
     times: dict[str, list[float]] = {mode: [] for mode in runs}
     for rep in range(args.repeat):
         order = list(runs)[rep % len(runs) :] + list(runs)[: rep % len(runs)]  # rotated every round
@@ -73,8 +73,8 @@ def main() -> None:
     def ms(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
-    extra = [m for m in ("python starts", "skew auto") if m in times]
-    label = {"python starts": "every book from Python", "skew auto": "emulated, --skew auto"}
+    extra = [m for m in ("python starts", "skew none") if m in times]
+    label = {"python starts": "every book from Python", "skew none": "emulated, --skew none"}
     head = "".join(f" {label[m]} ms | its error |" for m in extra)
     print("| workload | W | all-real ms | plain emulated ms | error (per pair) |" + head)
     print("| --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(extra))

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from neuronabox.controller.skew import DEFAULT as DEFAULT_SKEW
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = {
     "mlp": ["examples/mlp.py"],
@@ -80,7 +82,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)  # 10 left the noise floor at up to 9% (docs/fidelity.md)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default="fidelity-runs")
-    p.add_argument("--skew", default="none", help="the emulated runs' --skew (none, auto or a file)")
+    p.add_argument("--skew", default=DEFAULT_SKEW, help="the emulated runs' --skew (auto, the default; none; a file)")
     p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
     ns = p.parse_args()
     second, floor = ("all-real-again", ["--noise-floor"]) if ns.noise_floor else ("emulated", [])
@@ -105,8 +107,9 @@ def main() -> int:
                 runs = ["--steps", str(ns.steps), "--warmup", str(ns.warmup)]
             # every workload timed alike: between rank 0's optimizer steps, after the warm-up's
             topology = [] if ns.noise_floor else ["--topology", str(topo)]
+            skew = [] if ns.noise_floor else ["--skew", ns.skew]
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
-                "--warmup-steps", str(ns.warmup), "--skew", ns.skew, *floor, "--csv", str(csv_path), "--",
+                "--warmup-steps", str(ns.warmup), *skew, *floor, "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name, second), flush=True)
     return 0

@@ -43,7 +43,8 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
     sims = {}
     for n in (8, 64, 1024):
         out = tmp_path / f"sim{n}.jsonl"
-        res = run("simulate", str(live_trace), "--nnodes", str(n), "--trace", str(out))
+        # --skew none: the recorded run's auto would add drawn waits, not the model's (a test below)
+        res = run("simulate", str(live_trace), "--nnodes", str(n), "--trace", str(out), "--skew", "none")
         assert res.rc == 0, res.err
         assert f"world size      {n}" in res.out and "optimizer steps 14" in res.out
         sims[n] = (iteration_ms(res.out), out)
@@ -91,7 +92,7 @@ def test_a_punctual_rank_lives_the_models_time(run, live_trace, tmp_path):
     runs = {}
     for mode in ("charged", "punctual"):
         out = tmp_path / f"{mode}.jsonl"
-        res = run("simulate", str(live_trace), "--nnodes", "64", "--trace", str(out),
+        res = run("simulate", str(live_trace), "--nnodes", "64", "--trace", str(out), "--skew", "none",
                   *(["--punctual"] if mode == "punctual" else []))  # fmt: skip
         assert res.rc == 0, res.err
         runs[mode] = (res.out, load(out))
@@ -303,15 +304,19 @@ def test_a_collective_that_overlapped_once_never_waits():
 def test_skew_in_a_replay_never_speeds_it_up(run, live_trace, tmp_path):
     """`--skew auto` draws the recorded real rank's own variation: every emulated rank
     enters late or on time, so the replay is never faster; a file of one delay holds each
-    allreduce back by at least that much (none, the default, draws nothing: test_timing.py)."""
-    base = none = run("simulate", str(live_trace), "--nnodes", "64")  # --skew none by default
+    allreduce back by at least that much (none draws nothing: test_timing.py). Not given,
+    the replay takes the recorded run's: auto, the launcher's default."""
+    base = run("simulate", str(live_trace), "--nnodes", "64", "--skew", "none")
     assert "--skew" in run("simulate", "--help").out
+    assert load(live_trace)["skew"] == "auto"
     auto = run("simulate", str(live_trace), "--nnodes", "64", "--skew", "auto")
+    default = run("simulate", str(live_trace), "--nnodes", "64")
+    assert default.rc == 0 and iteration_ms(default.out) == iteration_ms(auto.out)  # seeded: the same draws
     delays = tmp_path / "d.txt"
     delays.write_text("5\n")
     out = tmp_path / "skewed.jsonl"
     fixed = run("simulate", str(live_trace), "--nnodes", "64", "--skew", str(delays), "--trace", str(out))
-    for res in (base, none, auto, fixed):
+    for res in (base, auto, fixed):
         assert res.rc == 0, res.err
     assert iteration_ms(auto.out) >= iteration_ms(base.out)
     assert iteration_ms(fixed.out) >= iteration_ms(base.out) + 5 - 0.02  # one allreduce per step, 5 ms later

@@ -388,7 +388,7 @@ def test_skew_none_is_todays_entry_and_draws_are_seeded(tmp_path):
 
 
 def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_gap_now():
-    from neuronabox.controller.skew import Skew
+    from neuronabox.controller.skew import MAX_PLACES, Skew
 
     skew, key = Skew.parse("auto"), ("0", "allreduce", 4096)
     t, entry = 0.0, None
@@ -416,6 +416,13 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
         assert quiet.entry(i * 10e-3, {}, key, f"0/{i}").draws == ()
         quiet.ended(f"0/{i}", i * 10e-3 + 1e-3)
     assert not quiet._open and not quiet._seen and not quiet._gaps  # a long run without steps stays flat
+    once = Skew.parse("auto")  # one step, then collectives without end (auto is the default: it must stay flat)
+    once.on_step()
+    for i in range(3 * MAX_PLACES):
+        entry = once.entry(i * 10e-3, {}, key, f"0/{i}")
+        once.ended(f"0/{i}", i * 10e-3 + 1e-3)
+    assert len(once._gaps) <= MAX_PLACES and len(once._spans) <= MAX_PLACES and len(once._seen) == 1
+    assert not once._open and entry.draws == ()  # unobserved places draw from the pool: empty here
 
 
 @pytest.mark.parametrize("per_iteration", [1, 4])

@@ -1679,19 +1679,28 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
                                                     static_cast<unsigned long long>(tag))
                               : PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
       if (tl == nullptr) return false;
-      const timing::TimingApi* api = timing_api();
-      int kind = 0;
-      void* native = api != nullptr ? api->native_of(tl, &kind) : nullptr;
-      if (native == nullptr) {
+      // None: a drawn start met a timing gone inactive (the zero model, its what-if cleared
+      // since the offer): no clock, as a Python start would make it. Python drops the
+      // starter at its next turn (Engine.adopt_started).
+      if (tl != Py_None) {
+        const timing::TimingApi* api = timing_api();
+        int kind = 0;
+        void* native = api != nullptr ? api->native_of(tl, &kind) : nullptr;
+        if (native == nullptr) {
+          Py_DECREF(tl);
+          PyErr_SetString(PyExc_TypeError, "a starter's timeline made a timeline that is not native");
+          return false;
+        }
+        try {
+          clock = std::make_shared<NativeClock>(tl, api, native, kind);
+        } catch (const std::bad_alloc&) {
+          Py_DECREF(tl);
+          PyErr_NoMemory();
+          return false;
+        }
+      } else if (!st.drawn) {
         Py_DECREF(tl);
-        PyErr_SetString(PyExc_TypeError, "a starter's timeline made a timeline that is not native");
-        return false;
-      }
-      try {
-        clock = std::make_shared<NativeClock>(tl, api, native, kind);
-      } catch (const std::bad_alloc&) {
-        Py_DECREF(tl);
-        PyErr_NoMemory();
+        PyErr_SetString(PyExc_TypeError, "a starter's timeline made no timeline");
         return false;
       }
       Py_DECREF(tl);  // the clock holds it

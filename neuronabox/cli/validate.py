@@ -43,7 +43,7 @@ def build_parser() -> ArgParser:
     p.add_argument("--real-nodes", help="nodes that stay real in the emulated run (default 0)")
     p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
     p.add_argument("--delay-model", help="the emulated run's delay model (default alpha-beta)")
-    p.add_argument("--skew", default="none", help="the emulated run's --skew: none (default), auto or FILE")
+    p.add_argument("--skew", help="the emulated run's --skew: auto (default, as torchrun's), none or FILE")
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "

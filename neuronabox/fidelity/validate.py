@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuronabox.controller.skew import DEFAULT as DEFAULT_SKEW
 from neuronabox.controller.skew import SkewError, checked_spec
 from neuronabox.fidelity.calibrate import testbed_rate
 from neuronabox.fidelity.testbed import (
@@ -94,12 +95,13 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
         raise UsageError(f"--iteration is steps or line, got {ns.iteration!r}")
     if ns.warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be at least 0, got {ns.warmup_steps}")
+    given_skew = ns.skew not in (None, "none")
     try:
         ns.skew = checked_spec(ns.skew)
     except SkewError as exc:
         raise UsageError(str(exc)) from None
     if ns.noise_floor:
-        unused = [flag for flag, given in (("--skew", ns.skew != "none"), ("--topology", ns.topology),
+        unused = [flag for flag, given in (("--skew", given_skew), ("--topology", ns.topology),
                                            ("--delay-model", ns.delay_model)) if given]  # fmt: skip
         if unused:
             raise UsageError(f"--noise-floor runs nothing emulated: {', '.join(unused)} would not be used")
@@ -237,7 +239,7 @@ class Runner:
         return RunResult(mode, rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
 
     def emulated(
-        self, placement: Placement, topology: str, delay_model: str, rep: int, skew: str = "none"
+        self, placement: Placement, topology: str, delay_model: str, rep: int, skew: str = DEFAULT_SKEW
     ) -> RunResult:
         j, port, t0 = self.job, self.next_port(), time.monotonic()
         pfile, trace = self.folder / "placement.json", self.folder / f"rep{rep}-trace.json"

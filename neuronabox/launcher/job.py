@@ -88,7 +88,7 @@ class Job:
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release, as they report it
     cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
     placement_note: str = ""  # the one line the launcher prints about where the processes run
-    skew: str = "none"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
+    skew: str = "auto"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
     local_work: str = "measured"  # the emulated ranks' own work: measured (no topology's), or the topology's only
     # Several hosts (hosts.py): this host's real node (--node-rank), or the controller alone.
     node_rank: int | None = None  # None: every real node runs here
@@ -186,7 +186,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     boundary = args.ours.get("--boundary", "modeled")
     if boundary not in ("modeled", "real"):
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
-    skew = _skew(args.ours.get("--skew"))
+    skew = _skew(args.ours.get("--skew"))  # not given: auto (Gloo; NCCL below)
     local_work = args.ours.get("--local-work", "measured")
     if local_work not in LOCAL_WORK:
         raise UsageError(f"--local-work is {' or '.join(LOCAL_WORK)}, got {local_work!r}")
@@ -206,8 +206,10 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
     device = _nccl_device(args, backend)
-    if nccl is not None and skew != "none":
+    if nccl is not None and args.ours.get("--skew", "none") != "none":
         raise UsageError("--skew is drawn by the Gloo dialect's timelines; the NCCL relay does not draw yet: drop it")
+    if nccl is not None:
+        skew = "none"
     if nccl is not None and data == "mirror":
         raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")

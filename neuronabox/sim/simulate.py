@@ -343,7 +343,12 @@ def software_costs(prog: Program, recorded_timing) -> Costs:
     return {key: max(0.0, statistics.median(xs)) for key, xs in excess.items()}
 
 
-def skew_of(spec: str | None, prog: Program) -> Skew:
+def skew_spec(spec: str | None, doc: dict) -> str:
+    """--skew for a replay, not given: the recorded run's (none for a trace older than skew)."""
+    return spec if spec is not None else doc.get("skew", "none")
+
+
+def skew_of(spec: str, prog: Program) -> Skew:
     """--skew for a replay: none, a file's delays, or auto: the recorded real rank's own
     variation (its entries into each recurring collective, as a live run pools them)."""
     if spec != "auto":
@@ -399,6 +404,7 @@ def run_simulation(
         raise SimulateError(f"--trace {out} is the recording being replayed; choose another file")
     world = nnodes * nproc
     prog = program_of(doc)
+    skew = skew_spec(skew, doc)
     timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject,
                                                   skew_of(skew, prog))  # fmt: skip
     try:
@@ -411,7 +417,7 @@ def run_simulation(
         header = {"world_size": world, "nnodes": nnodes, "nproc_per_node": nproc, "real_ranks": [prog.rank],
                   "delay_model": model_name, "topology": topo.name, "boundary": "modeled",
                   "topology_spec": topology.as_spec(topo),
-                  "inject": whatif.specs(), "data": "zeros", "started_us": 0.0,
+                  "inject": whatif.specs(), "skew": skew, "data": "zeros", "started_us": 0.0,
                   "simulated_from": str(Path(source).resolve())}  # fmt: skip
         writer = tracefile.TraceWriter(out, header)
     totals = tracefile.RunTotals()

@@ -87,7 +87,7 @@ def skew_line(skew: str) -> str:
     if skew == "none":
         return (
             "none: the emulated ranks entered every collective with the real rank, so no step waited for "
-            "a late one (--skew auto draws their lateness from the real rank's own variation)"
+            "a late one (the default, --skew auto, draws their lateness from the real rank's own variation)"
         )
     if skew == "auto":
         return "auto: the emulated ranks entered late by draws from the real rank's own variation, per place"
