@@ -11,7 +11,7 @@ real rank's pace (DESIGN.md, "Timing semantics").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
@@ -93,9 +93,11 @@ class ReleaseTiming:
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
-        entry = self.skew.entry(t0 + self.whatif.entry_delay(kind), self.whatif.stragglers(kind),
-                                (group, str(kind), nbytes), f"{group}/{tag}",
+        later = self.whatif.entry_delay(kind)  # the collective starts later for every rank, the real ones too
+        entry = self.skew.entry(t0 + later, self.whatif.stragglers(kind), (group, str(kind), nbytes), f"{group}/{tag}",
                                 schedule.world if takes_drawn_skew(schedule) else 0, real.members)  # fmt: skip
+        if later:
+            entry = replace(entry, hold_real=True)
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 

@@ -149,7 +149,8 @@ class WhatIf:
         return LinkClass(link.name, bw, lat)
 
     def entry_delay(self, kind: str) -> float:
-        """Latency added once per collective: every emulated rank enters that much later."""
+        """Latency added once per collective: it starts that much later, so every emulated
+        rank enters that much later and no real rank's send counts before then (`Entry.hold_real`)."""
         return sum(m.value for m in self.mods if m.what == "latency" and m.per == "collective" and m.applies(kind))
 
     def stragglers(self, kind: str) -> dict[int, float]:

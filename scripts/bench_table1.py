@@ -15,8 +15,10 @@ Each reference flag adds a run to the rotation, the emulated side with one part 
 rather than poll on its core of its own, and --recorder-sizes has the controller ask the
 real rank for every ring size the wire leaves open (from 4 MiB here), answered from a dump
 of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NOTES=0).
+--realtime runs every real rank of both sides in the real-time class (SCHED_RR 1, as
+`neuronabox torchrun --realtime` does): this VM's tick stalls then leave the medians too.
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes]
+       [--recorder-sizes] [--realtime]
 """
 
 from __future__ import annotations
@@ -48,15 +50,20 @@ def reps_for(nbytes: int) -> int:
     return 100 if nbytes <= 1 << 20 else 30 if nbytes <= 16 << 20 else 10  # best of many: the tick stalls (docstring)
 
 
-def pinned(cpu: int):
-    return lambda: os.sched_setaffinity(0, {cpu})
+def pinned(cpu: int, realtime: bool = False):
+    def enter() -> None:
+        os.sched_setaffinity(0, {cpu})
+        if realtime:  # as `neuronabox torchrun --realtime` runs its real ranks
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+
+    return enter
 
 
 def worker_args(nbytes: int) -> list[str]:
     return [WORKER, "--kinds", KINDS, "--bytes", str(nbytes), "--reps", str(reps_for(nbytes))]
 
 
-def all_real(nbytes: int) -> dict:
+def all_real(nbytes: int, realtime: bool = False) -> dict:
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = []
@@ -67,7 +74,7 @@ def all_real(nbytes: int) -> dict:
             f"--master-port={port}", *worker_args(nbytes),
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env=env, preexec_fn=pinned(node)))  # fmt: skip
+                                      env=env, preexec_fn=pinned(node, realtime)))  # fmt: skip
     try:
         outs = [p.communicate(timeout=900) for p in procs]
     finally:
@@ -86,11 +93,11 @@ REFERENCES = {  # flag -> (column, the environment that turns its part off)
 }
 
 
-def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None) -> dict:
+def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None, realtime: bool = False) -> dict:
     env = dict(os.environ, **(off or {}))
     cmd = [
         sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
-        "--placement", str(placement), *worker_args(nbytes),
+        "--placement", str(placement), *(["--realtime"] if realtime else []), *worker_args(nbytes),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1), env=env)
     if proc.returncode != 0:
@@ -111,17 +118,18 @@ def main() -> None:
     ap.add_argument(
         "--recorder-sizes", action="store_true", help="also run with open ring sizes asked of the flight recorder"
     )
+    ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     args = ap.parse_args()
     refs = [name for name in REFERENCES if getattr(args, name)]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = []
+    rows, rt = [], args.realtime
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         for nbytes in sizes:
             runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs)}
-            order = [("real", all_real), ("emu", lambda n: emulated(n, placement))]
-            order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1])) for r in refs]
+            order = [("real", lambda n: all_real(n, rt)), ("emu", lambda n: emulated(n, placement, realtime=rt))]
+            order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1], rt)) for r in refs]
             for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
                 turn = rep % len(order)
                 for mode, run in order[turn:] + order[:turn]:

@@ -1,7 +1,7 @@
 """What-if resolution: does an injected latency move the real rank's time by that much?
 
     python scripts/bench_whatif_resolution.py [--runs 5] [--nnodes 16] [--bytes 1048576] [--reps 12]
-        [--warmup 10] [--local-work measured,topology] [--within-run [--windows 8]]
+        [--warmup 10] [--local-work measured,topology] [--within-run [--windows 8]] [--realtime]
 
 Per amount (+2 ms and +0.5 ms, `latency=+X,per=collective,op=allreduce`), per
 `--local-work` setting and per run: one run without the what-if and one with it,
@@ -19,6 +19,10 @@ median of the with-windows' medians less that of the without-windows'. Two runs 
 in what they measured of the real rank's own work (the charge emulated ranks pay under
 `--local-work measured`) and in which phase of this VM's scheduler-tick stalls they met;
 windows of one run share both, so the shift is the what-if's alone.
+
+--realtime runs the real rank in the real-time class (`neuronabox torchrun --realtime`):
+on this VM the normal class leaves its wake-ups for the next 4 ms tick now and then,
+which moves a median by more than a +0.5 ms what-if (docs/fidelity.md, "Tick stalls").
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LOOP = str(ROOT / "scripts" / "collective_loop.py")
 
 
-def median_ms(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str, inject: str | None) -> float:
+def median_ms(
+    nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str, inject: str | None, flags: list[str]
+) -> float:
     cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", str(nnodes), "--local-work", local_work]
+    cmd += flags
     cmd += ["--inject", inject] if inject else []
     cmd += [LOOP, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", str(reps), "--warmup", str(warmup)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -45,7 +52,9 @@ def median_ms(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str,
     return json.loads(line[7:])["allreduce"]["median_s"] * 1e3
 
 
-def live_shift(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str, spec: str, windows: int) -> tuple:
+def live_shift(
+    nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str, spec: str, windows: int, flags: list[str]
+) -> tuple:
     """One live run, the what-if toggled: (without windows' median, with windows' median) in ms."""
     from neuronabox.controller import control_pb2
     from neuronabox.controller.service import connect
@@ -54,7 +63,8 @@ def live_shift(nnodes: int, nbytes: int, reps: int, warmup: int, local_work: str
     from neuronabox.launcher.registry import RUNS_DIR
 
     cmd = [sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", str(nnodes), "--local-work", local_work]
-    cmd += [LOOP, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", "1000000", "--warmup", "0", "--announce"]
+    cmd += [*flags, LOOP, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", "1000000", "--warmup", "0"]
+    cmd += ["--announce"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     try:
         reps_out = (float(ln.split()[2]) * 1e3 for ln in proc.stdout if ln.startswith("REP "))
@@ -89,7 +99,9 @@ def main() -> None:
     p.add_argument("--local-work", default="measured,topology")
     p.add_argument("--within-run", action="store_true", help="toggle the what-if inside each run")
     p.add_argument("--windows", type=int, default=8, help="--within-run: windows with it, and as many without")
+    p.add_argument("--realtime", action="store_true", help="the real rank in the real-time class")
     ns = p.parse_args()
+    flags = ["--realtime"] if ns.realtime else []
     print("| injected | --local-work | run | without (ms) | with (ms) | shift (ms) | within 10% |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | :---: |")
     for amount in (2.0, 0.5):
@@ -97,11 +109,11 @@ def main() -> None:
         for run in range(ns.runs):
             for work in ns.local_work.split(","):  # the settings interleaved too
                 if ns.within_run:
-                    without, with_ = live_shift(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, spec, ns.windows)
+                    without, with_ = live_shift(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, spec, ns.windows, flags)
                     got = {None: without, spec: with_}
                 else:
                     order = (None, spec) if run % 2 == 0 else (spec, None)
-                    got = {s: median_ms(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, s) for s in order}
+                    got = {s: median_ms(ns.nnodes, ns.bytes, ns.reps, ns.warmup, work, s, flags) for s in order}
                 shift = got[spec] - got[None]
                 ok = abs(shift - amount) <= 0.1 * amount
                 cells = f"{got[None]:.3f} | {got[spec]:.3f} | {shift:+.3f} | {'yes' if ok else 'no'}"

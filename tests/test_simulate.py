@@ -43,7 +43,7 @@ def test_simulation_scales_and_replays_itself(run, live_trace, tmp_path):
     sims = {}
     for n in (8, 64, 1024):
         out = tmp_path / f"sim{n}.jsonl"
-        # --skew none: the recorded run's auto would add drawn waits, not the model's (a test below)
+        # --skew none (the default, said here): auto would add drawn waits, not the model's (a test below)
         res = run("simulate", str(live_trace), "--nnodes", str(n), "--trace", str(out), "--skew", "none")
         assert res.rc == 0, res.err
         assert f"world size      {n}" in res.out and "optimizer steps 14" in res.out
@@ -305,13 +305,14 @@ def test_skew_in_a_replay_never_speeds_it_up(run, live_trace, tmp_path):
     """`--skew auto` draws the recorded real rank's own variation: every emulated rank
     enters late or on time, so the replay is never faster; a file of one delay holds each
     allreduce back by at least that much (none draws nothing: test_timing.py). Not given,
-    the replay takes the recorded run's: auto, the launcher's default."""
+    none: the live run (recorded under auto, the launcher's default) had its waits in its
+    spans, which the replay charges (test_simulation_predicts_its_live_run)."""
     base = run("simulate", str(live_trace), "--nnodes", "64", "--skew", "none")
     assert "--skew" in run("simulate", "--help").out
     assert load(live_trace)["skew"] == "auto"
     auto = run("simulate", str(live_trace), "--nnodes", "64", "--skew", "auto")
     default = run("simulate", str(live_trace), "--nnodes", "64")
-    assert default.rc == 0 and iteration_ms(default.out) == iteration_ms(auto.out)  # seeded: the same draws
+    assert default.rc == 0 and iteration_ms(default.out) == iteration_ms(base.out)
     delays = tmp_path / "d.txt"
     delays.write_text("5\n")
     out = tmp_path / "skewed.jsonl"

@@ -47,12 +47,14 @@ def random_case(rng: random.Random, kind: str):
     hop = LinkClass("hop", rng.uniform(1e8, 1e10), rng.uniform(1e-6, 1e-3))
     # --skew: in some cases every emulated rank draws an entry delay (stragglers too)
     draws = tuple(rng.uniform(0, 2e-3) for _ in range(rng.randint(1, 9))) if rng.random() < 0.5 else ()
-    entry = Entry(rng.uniform(0, 1), skew, draws, rng.choice([0.0, rng.uniform(0, 1e-3)]), rng.getrandbits(64))
+    hold = rng.random() < 0.3  # latency=+X,per=collective: no real send counts before t0
+    t0 = rng.uniform(0, 1)
+    entry = Entry(t0, skew, draws, rng.choice([0.0, rng.uniform(0, 1e-3)]), rng.getrandbits(64), hold)
     # Real ranks' boundary sends: in step order, at random rising times (they may be
     # early or late against the model: the two evaluators must agree on any input).
     sends = []
     for x in real.sorted:
-        t = entry.t0
+        t = entry.t0 - (rng.uniform(0, 3e-3) if hold else 0.0)  # held: the real rank entered before t0
         for m in sched.sends(x):
             if m.peer not in real:
                 t += rng.uniform(0, 2e-3)
@@ -83,6 +85,28 @@ def test_fast_path_equals_reference(kind):
             assert fast[(emu, step)] == pytest.approx(want, abs=1e-12), where
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_collective_latency_holds_the_real_ranks_first_sends_until_it_starts(kind):
+    """`latency=+X,per=collective` starts the collective X later for every rank: the
+    emulated ranks enter X later (t0), and what a real rank sent on entering, before any
+    emulated message reached it, counts from t0, as if it too had entered X later; its
+    sends after t0 (after a receive, which was late already) count as they came. An entry
+    delay alone let the real rank's first sends in early, so its software left the path
+    and a +0.5 ms what-if read +0.3 ms on the real rank (docs/guide.md, "Timing")."""
+    rng, differs = random.Random(f"hold-{kind}"), 0
+    for i in range(40):
+        sched, hop, entry, real, sends, work = random_case(rng, kind)
+        x = rng.uniform(1e-4, 5e-3)
+        held = Entry(entry.t0 + x, entry.skew, entry.draws, entry.shift, entry.seed, hold_real=True)
+        free = Entry(entry.t0 + x, entry.skew, entry.draws, entry.shift, entry.seed)
+        late = [(r, step, max(t, held.t0)) for r, step, t in sends]  # every early send made at the start
+        modeled = i % 2 == 0
+        got = fast_arrivals(sched, hop, held, real, sends, modeled, work, release=True)
+        assert got == fast_arrivals(sched, hop, free, real, late, modeled, work, release=True)
+        differs += got != fast_arrivals(sched, hop, free, real, sends, modeled, work, release=True)
+    assert differs or kind == "barrier", kind  # the hold matters (a barrier's early sends wait for the entries anyway)
+
+
 @pytest.mark.parametrize("kind", ["allreduce", "allgather", "broadcast", "barrier"])
 def test_a_native_timeline_moved_to_another_entry_is_the_one_made_there(kind):
     """A native start prices its book with the template's timeline moved to its own entry
@@ -91,13 +115,13 @@ def test_a_native_timeline_moved_to_another_entry_is_the_one_made_there(kind):
     rng = random.Random(f"at-{kind}")
     for i in range(40):
         sched, hop, entry, real, sends, work = random_case(rng, kind)
-        entry = Entry(entry.t0, entry.skew)  # a native start has no draws of its own
+        entry = Entry(entry.t0, entry.skew, hold_real=entry.hold_real)  # a native start has no draws of its own
         modeled = i % 2 == 0
         template = timeline_for(sched, hop, entry, real, modeled, work)
         for x, step, t in sends:  # the template's own instance ran
             template.real_sent(x, step, t)
         later = rng.uniform(1, 5)
-        moved_entry = Entry(entry.t0 + later, entry.skew)
+        moved_entry = Entry(entry.t0 + later, entry.skew, hold_real=entry.hold_real)
         moved_sends = [(x, step, t + later) for x, step, t in sends]
         want = fast_arrivals(sched, hop, moved_entry, real, moved_sends, modeled, work, release=True)
         moved = template.at(entry.t0 + later)

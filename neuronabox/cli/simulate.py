@@ -26,7 +26,7 @@ def build_parser() -> ArgParser:
     p.add_argument(
         "--skew",
         help="emulated ranks enter late by seeded draws: auto, from the recorded real rank's own variation; "
-        "FILE, its delays in ms; none (default: the recorded run's)",
+        "FILE, its delays in ms; none (default: the recorded spans already hold the live run's waits)",
     )
     p.add_argument("--trace", dest="out", help="write the simulated run's trace here")
     p.add_argument(

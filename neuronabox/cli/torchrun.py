@@ -68,6 +68,12 @@ def add_world_flags(p: ArgParser) -> None:
     flag("--gloo-mode", metavar="auto|full|lazy", help="Gloo's connection mode (auto: lazy above 64 ranks)")
     flag("--data", metavar="zeros|mirror", help="what the emulated ranks send (mirror needs the observer)")
     flag("--no-observer", action="store_true", help="run without the observer in the real ranks")
+    flag(
+        "--realtime",
+        action="store_true",
+        help="run the real ranks in the real-time class (SCHED_RR 1), never the controller: on a kernel that "
+        "leaves wake-ups for the next tick, their collectives then take no tick stalls (root or CAP_SYS_NICE)",
+    )
     flag("--trace", metavar="FILE", help="write the run's trace to FILE (JSON lines, streamed as the run goes)")
     flag(
         "--timeout",

@@ -24,6 +24,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -223,6 +225,25 @@ def _remove_cgroup(root: Path) -> None:
         pass
 
 
+def delete_netns(names: list[str], tries: int = 5) -> None:
+    """Delete namespaces and check that they are gone: a delete can fail while a process
+    that entered one is still leaving it (a failed run's, under load). Retried a few
+    times, 0.1 s apart; what still stands is named on stderr, and the next testbed's
+    sweep (`sweep_stale`) removes it once its launcher is gone."""
+    left, why = list(names), {}
+    for attempt in range(tries):
+        for ns in left:
+            done = subprocess.run(["ip", "netns", "delete", ns], capture_output=True, text=True, timeout=30)
+            why[ns] = done.stderr.strip()
+        present = set(_netns_list())
+        left = [ns for ns in left if ns in present]
+        if not left:
+            return
+        time.sleep(0.1 * (attempt + 1))
+    for ns in left:
+        print(f"neuronabox: warning: namespace {ns} still stands: {why[ns] or 'no reason given'}", file=sys.stderr)
+
+
 def sweep_stale() -> list[str]:
     """Remove what testbeds of launchers that no longer run left behind (a launcher
     killed with SIGKILL cannot clean up after itself). Returns what it removed."""
@@ -343,8 +364,7 @@ class Netns:
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> None:
         """Delete every namespace (their veths, bridge and qdiscs go with them) and cgroup."""
-        for ns in reversed(self.created):
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+        delete_netns(list(reversed(self.created)))
         self.created.clear()
         if self.cgroot.exists():
             _remove_cgroup(self.cgroot)

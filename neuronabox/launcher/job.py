@@ -29,6 +29,8 @@ from neuronabox.launcher.cores import CorePlan, plan_cores, this_machine
 from neuronabox.launcher.nccl_pins import NcclPins, NcclSetupError, check_user_env, probe_nccl
 from neuronabox.launcher.nccl_rig import RigError, library, library_version
 from neuronabox.launcher.ports import free_port
+from neuronabox.launcher.realtime import problem as realtime_problem
+from neuronabox.launcher.realtime import share as realtime_share
 from neuronabox.launcher.torchrun_args import (
     LaunchArgs,
     UsageError,
@@ -88,6 +90,7 @@ class Job:
     nccl_release: str = ""  # backend nccl: the real ranks' NCCL release, as they report it
     cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
     placement_note: str = ""  # the one line the launcher prints about where the processes run
+    realtime: bool = False  # the real ranks in the real-time class (launcher/realtime.py)
     skew: str = "auto"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
     local_work: str = "measured"  # the emulated ranks' own work: measured (no topology's), or the topology's only
     # Several hosts (hosts.py): this host's real node (--node-rank), or the controller alone.
@@ -203,6 +206,11 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
         for r in direct_ranks:
             ranks_on[r // nproc] = ranks_on.get(r // nproc, 0) + 1
         cores, note = plan_cores(ranks_on, this_machine())
+    realtime = "--realtime" in args.switches
+    if realtime and (refused := realtime_problem()):
+        raise UsageError(refused)
+    if realtime and not controller_only:
+        note = "; ".join(filter(None, [note, f"real ranks in the real-time class ({realtime_share()})"]))
     backend = args.ours.get("--backend", "gloo")
     nccl = _nccl_pins(args, backend, world)
     device = _nccl_device(args, backend)
@@ -251,6 +259,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
         nccl_release=release,
         cores=cores,
         placement_note=note,
+        realtime=realtime,
         skew=skew,
         local_work=local_work,
         node_rank=node_rank,

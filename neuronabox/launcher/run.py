@@ -29,6 +29,7 @@ from neuronabox.launcher.interrupts import interrupted_again
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
 from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
+from neuronabox.launcher.realtime import entering
 from neuronabox.launcher.reaping import Family, die_with_parent, stop_marked
 from neuronabox.launcher.result import RunResult, result_of
 from neuronabox.limits import read_bounded
@@ -176,6 +177,8 @@ class Run:
             enter = host.preexec()
         elif self.job.cores is not None:
             enter = pin(self.job.cores.nodes.get(node))
+        if self.job.realtime:
+            enter = entering(enter)
         output = self.job.output
         out = open(output, "a") if output is not None else None  # noqa: SIM115 - the child holds it
         sink = stderr_sink(output)

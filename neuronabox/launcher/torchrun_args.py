@@ -47,7 +47,7 @@ OURS = {
     "--join-timeout",
 }
 OURS_REPEATED = {"--inject"}  # may be given several times
-OUR_SWITCHES = {"--no-observer"}
+OUR_SWITCHES = {"--no-observer", "--realtime"}
 REFUSED = {
     "--standalone": "--standalone runs a single node; give --nnodes for the emulated world",
 }

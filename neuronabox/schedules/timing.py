@@ -59,19 +59,24 @@ class Entry:
     """When the emulated ranks enter the instance: `t0`, plus `skew[rank]` for stragglers,
     plus, under --skew, a delay each emulated rank draws from `draws` (less `shift`, the
     real rank's own lateness this time; `seed`: the instance's). Drawn skew applies to rings
-    and one-message collectives; broadcasts and barriers keep the undrawn entry."""
+    and one-message collectives; broadcasts and barriers keep the undrawn entry.
+    `hold_real`: no real rank's send counts before `t0`, for a latency that holds the whole
+    collective (`latency=+X,per=collective`): it starts X later for the real ranks too, so
+    what they sent on entering, before any emulated message came, waits for the start.
+    Their sends after a receive are late already (the receive was)."""
 
     t0: float
     skew: Mapping[int, float] = field(default_factory=dict)
     draws: tuple[float, ...] = ()
     shift: float = 0.0
     seed: int = 0
+    hold_real: bool = False
 
     def of(self, rank: int) -> float:
         return self.t0 + self.skew.get(rank, 0.0) + drawn_skew(self.draws, self.shift, self.seed, rank)
 
     def undrawn(self) -> Entry:
-        return Entry(self.t0, self.skew) if self.draws else self
+        return Entry(self.t0, self.skew, hold_real=self.hold_real) if self.draws else self
 
 
 class Timeline:
@@ -132,7 +137,7 @@ def ring_timeline(
     down = isinstance(schedule, RingAllreduce)  # allreduce data goes to e-1, allgather to e+1
     return _timing.RingTimeline(
         schedule.world, real.sorted, down, entry.t0, schedule.pace(hop), work, modeled, stragglers,
-        entry.draws, entry.shift, entry.seed & MASK64,
+        entry.draws, entry.shift, entry.seed & MASK64, entry.hold_real,
     )  # fmt: skip
 
 
@@ -146,7 +151,7 @@ def tree_timeline(
     send leaves after k messages' worth of bytes on its link."""
     return _timing.TreeTimeline(
         schedule.world, schedule.root, real.sorted, entry.t0, hop.latency, schedule.nbytes / hop.bandwidth, work,
-        modeled, dict(entry.skew),
+        modeled, dict(entry.skew), entry.hold_real,
     )  # fmt: skip
 
 
@@ -155,7 +160,9 @@ def barrier_timeline(
 ) -> _timing.BarrierTimeline:
     """A barrier's timeline: round k waits for round k-1's send and receive (and its work)."""
     stragglers = {q: d for q, d in entry.skew.items() if q not in real}
-    return _timing.BarrierTimeline(schedule.world, real.sorted, entry.t0, hop.latency, work, modeled, stragglers)
+    return _timing.BarrierTimeline(
+        schedule.world, real.sorted, entry.t0, hop.latency, work, modeled, stragglers, entry.hold_real
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -216,7 +223,7 @@ def reference_arrivals(
     sends; `work`: seconds an emulated receiver spends before a send that depends on it."""
     w = schedule.world
     emulated = [e for e in range(w) if e not in real]
-    sent = {(x, s): t for x, s, t in real_sends}
+    sent = {(x, s): max(t, entry.t0) if entry.hold_real else t for x, s, t in real_sends}
     out: dict[tuple[int, int], float] = {}
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         c = schedule.pace(hop)

@@ -343,9 +343,12 @@ def software_costs(prog: Program, recorded_timing) -> Costs:
     return {key: max(0.0, statistics.median(xs)) for key, xs in excess.items()}
 
 
-def skew_spec(spec: str | None, doc: dict) -> str:
-    """--skew for a replay, not given: the recorded run's (none for a trace older than skew)."""
-    return spec if spec is not None else doc.get("skew", "none")
+def skew_spec(spec: str | None) -> str:
+    """--skew for a replay, not given: none. The recorded run's waits for late emulated
+    ranks are in its spans, which the replay charges as the real rank's own cost (their
+    median), so at the recorded world `none` gives the live run's iteration back; `auto`
+    draws them again, to ask what a larger world's slowest rank adds."""
+    return spec if spec is not None else "none"
 
 
 def skew_of(spec: str, prog: Program) -> Skew:
@@ -404,7 +407,7 @@ def run_simulation(
         raise SimulateError(f"--trace {out} is the recording being replayed; choose another file")
     world = nnodes * nproc
     prog = program_of(doc)
-    skew = skew_spec(skew, doc)
+    skew = skew_spec(skew)
     timing, topo, model_name, whatif = network_of(doc, nnodes, nproc, topology_name, model_name, inject,
                                                   skew_of(skew, prog))  # fmt: skip
     try:

@@ -27,18 +27,20 @@ PyTypeObject RingType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 int ring_init(PyObject* obj, PyObject* args, PyObject* kwds) {
   static const char* kw[] = {"world", "real", "data_goes_down", "t0", "pace", "work", "modeled", "stragglers",
-                             "skew_draws", "skew_shift", "skew_seed", nullptr};
+                             "skew_draws", "skew_shift", "skew_seed", "hold_real", nullptr};
   auto* self = reinterpret_cast<RingObject*>(obj);
   RingParams p;
   PyObject *real, *stragglers, *draws = nullptr;
   int down = 1, modeled = 1;
   unsigned long long seed = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOpdddpO!|OdK", const_cast<char**>(kw), &p.world, &real, &down, &p.t0,
-                                   &p.pace, &p.work, &modeled, &PyDict_Type, &stragglers, &draws, &p.skew_shift,
-                                   &seed)) {
+  int hold = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOpdddpO!|OdKp", const_cast<char**>(kw), &p.world, &real, &down,
+                                   &p.t0, &p.pace, &p.work, &modeled, &PyDict_Type, &stragglers, &draws, &p.skew_shift,
+                                   &seed, &hold)) {
     return -1;
   }
   p.skew_seed = seed;
+  p.hold_real = hold != 0;
   if (draws != nullptr && draws != Py_None) {
     PyObject* ds = PySequence_Fast(draws, "skew_draws: a sequence of seconds");
     if (ds == nullptr) return -1;
@@ -276,15 +278,17 @@ int install(PyObject* obj, T* tl) {
 }
 
 int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"world", "root", "real", "t0", "latency", "ser", "work", "modeled", "skew", nullptr};
+  static const char* kw[] = {"world", "root",    "real", "t0",       "latency", "ser",
+                             "work",  "modeled", "skew", "hold_real", nullptr};
   TreeParams p;
   PyObject *real, *skew;
-  int modeled = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOddddpO!", const_cast<char**>(kw), &p.world, &p.root, &real, &p.t0,
-                                   &p.latency, &p.ser, &p.work, &modeled, &PyDict_Type, &skew)) {
+  int modeled = 1, hold = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOddddpO!|p", const_cast<char**>(kw), &p.world, &p.root, &real, &p.t0,
+                                   &p.latency, &p.ser, &p.work, &modeled, &PyDict_Type, &skew, &hold)) {
     return -1;
   }
   p.modeled = modeled != 0;
+  p.hold_real = hold != 0;
   if (!rank_list(real, p.world, &p.real) || !delays(skew, &p.skew)) return -1;
   if (p.root < 0 || p.root >= p.world) {
     PyErr_Format(PyExc_ValueError, "root %d outside [0, %d)", p.root, p.world);
@@ -294,15 +298,16 @@ int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
 }
 
 int barrier_init(PyObject* obj, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"world", "real", "t0", "latency", "work", "modeled", "stragglers", nullptr};
+  static const char* kw[] = {"world", "real", "t0", "latency", "work", "modeled", "stragglers", "hold_real", nullptr};
   BarrierParams p;
   PyObject *real, *stragglers;
-  int modeled = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOdddpO!", const_cast<char**>(kw), &p.world, &real, &p.t0, &p.latency,
-                                   &p.work, &modeled, &PyDict_Type, &stragglers)) {
+  int modeled = 1, hold = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOdddpO!|p", const_cast<char**>(kw), &p.world, &real, &p.t0, &p.latency,
+                                   &p.work, &modeled, &PyDict_Type, &stragglers, &hold)) {
     return -1;
   }
   p.modeled = modeled != 0;
+  p.hold_real = hold != 0;
   if (!rank_list(real, p.world, &p.real) || !delays(stragglers, &p.stragglers)) return -1;
   return install(obj, new (std::nothrow) BarrierTimeline(std::move(p)));
 }

@@ -42,6 +42,7 @@ double RingTimeline::drawn_max(int emu, int x, int j, int kmax, double edge) {
 
 void RingTimeline::real_sent(int rank, int step, double t) {
   SendLog& log = sent_[rank];
+  if (p_.hold_real) t = std::max(t, p_.t0);
   const double arrive = p_.modeled ? t + p_.pace : t;
   log.steps.push_back(step);
   log.times.push_back(log.times.empty() ? arrive : std::max(arrive, log.times.back()));

@@ -40,6 +40,7 @@ struct RingParams {
   std::vector<double> skew_draws;  // drawn entry delays (seconds); empty: none
   double skew_shift = 0;  // taken off every draw (the real rank's own lateness this time)
   uint64_t skew_seed = 0;  // with the rank, which draw a rank gets
+  bool hold_real = false;  // no real send counts before t0: a per-collective latency starts it later for all
 };
 
 // The entry delay rank `rank` draws: the same function as neuronabox/schedules/timing.py's.

@@ -52,6 +52,7 @@ TreeTimeline::TreeTimeline(TreeParams p) : p_(std::move(p)) {
 bool TreeTimeline::is_real(int rank) const { return std::binary_search(p_.real.begin(), p_.real.end(), rank); }
 
 void TreeTimeline::real_sent(int rank, int step, double t) {
+  if (p_.hold_real) t = std::max(t, p_.t0);
   sent_[key(rank, step)] = p_.modeled ? t + p_.latency + p_.ser : t;
 }
 
@@ -91,7 +92,10 @@ BarrierTimeline::BarrierTimeline(BarrierParams p) : p_(std::move(p)) {
 
 bool BarrierTimeline::is_real(int rank) const { return std::binary_search(p_.real.begin(), p_.real.end(), rank); }
 
-void BarrierTimeline::real_sent(int rank, int step, double t) { sent_[key(rank, step)] = p_.modeled ? t + p_.latency : t; }
+void BarrierTimeline::real_sent(int rank, int step, double t) {
+  if (p_.hold_real) t = std::max(t, p_.t0);
+  sent_[key(rank, step)] = p_.modeled ? t + p_.latency : t;
+}
 
 bool BarrierTimeline::path(int src, int64_t m, int* first, int* hops) const {
   int node = src;

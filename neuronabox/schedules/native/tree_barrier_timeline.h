@@ -28,6 +28,7 @@ struct TreeParams {
   double latency = 0;
   double ser = 0;  // one message's bytes over the hop's bandwidth
   double work = 0;  // an emulated receiver's work before it forwards
+  bool hold_real = false;  // no real send counts before t0: a per-collective latency starts it later for all
   bool modeled = true;
   std::vector<std::pair<int, double>> skew;  // rank -> entry delay
 };
@@ -58,6 +59,7 @@ struct BarrierParams {
   double t0 = 0;
   double latency = 0;
   double work = 0;
+  bool hold_real = false;  // no real send counts before t0: a per-collective latency starts it later for all
   bool modeled = true;
   std::vector<std::pair<int, double>> stragglers;  // emulated rank -> entry delay
 };
