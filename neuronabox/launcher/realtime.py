@@ -5,8 +5,9 @@ Some kernels leave a woken thread waiting for the next scheduler tick. This VM's
 wait up to 4 ms with its core idle (docs/fidelity.md, "Tick stalls"). A real rank's
 collectives then take whole ticks now and then, all-real or emulated, and a what-if of
 0.5 ms drowns in them. A thread in the real-time class runs as soon as it wakes: a
-4 KiB allreduce at W = 2, all-real, 200 repetitions, averaged 1.2-1.5 ms in the normal
-class and 0.10 ms under SCHED_RR, its median 0.18 against 0.09 ms.
+4 KiB allreduce at W = 2, all-real, 200 repetitions a run, averaged 1.50 ms in the
+normal class and 0.12 ms under SCHED_RR, its median 0.22 against 0.12 ms
+(scripts/bench_realtime.py).
 
 The class applies to the real ranks (through their torchrun agents, whose children
 inherit it), never to the controller, which polls its core. A rank that computes more
