@@ -25,19 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neuronabox.launcher.ports import free_port
+from bench_table1 import all_real_output
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
-
-
-def placed(cpu: int, realtime: bool):
-    def enter() -> None:
-        os.sched_setaffinity(0, {cpu})
-        if realtime:
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-
-    return enter
 
 
 def idle_spinners() -> list[subprocess.Popen]:
@@ -54,26 +45,12 @@ def idle_spinners() -> list[subprocess.Popen]:
 
 def run(nbytes: int, reps: int, realtime: bool) -> list[float]:
     """Rank 0's repetition times, in ms."""
-    port = free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-    procs = []
-    for node in (0, 1):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-            "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}",
-            WORKER, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", str(reps), "--announce",
-        ]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      preexec_fn=placed(node, realtime)))  # fmt: skip
+    worker = [WORKER, "--kinds", "allreduce", "--bytes", str(nbytes), "--reps", str(reps), "--announce"]
     try:
-        outs = [p.communicate(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    if any(p.returncode for p in procs):
-        sys.exit("all-real run failed:\n" + "\n".join(err[-2000:] for _, err in outs))
-    return [float(ln.split()[2]) * 1e3 for ln in outs[0][0].splitlines() if ln.startswith("REP ")]
+        out = all_real_output(worker, realtime)
+    except RuntimeError as exc:
+        sys.exit(str(exc))
+    return [float(ln.split()[2]) * 1e3 for ln in out.splitlines() if ln.startswith("REP ")]
 
 
 def main() -> None:

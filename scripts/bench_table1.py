@@ -63,7 +63,9 @@ def worker_args(nbytes: int) -> list[str]:
     return [WORKER, "--kinds", KINDS, "--bytes", str(nbytes), "--reps", str(reps_for(nbytes))]
 
 
-def all_real(nbytes: int, realtime: bool = False) -> dict:
+def all_real_output(worker: list[str], realtime: bool = False) -> str:
+    """Rank 0's stdout of `worker` (a script and its arguments) run all-real at W = 2: two
+    stock torchrun agents on a static rendezvous, node i pinned to core i."""
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = []
@@ -71,7 +73,7 @@ def all_real(nbytes: int, realtime: bool = False) -> dict:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
             "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
-            f"--master-port={port}", *worker_args(nbytes),
+            f"--master-port={port}", *worker,
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env, preexec_fn=pinned(node, realtime)))  # fmt: skip
@@ -83,7 +85,11 @@ def all_real(nbytes: int, realtime: bool = False) -> dict:
             p.wait()
     if any(p.returncode for p in procs):
         raise RuntimeError("all-real run failed:\n" + "\n".join(err[-2000:] for _, err in outs))
-    return result(outs[0][0])
+    return outs[0][0]
+
+
+def all_real(nbytes: int, realtime: bool = False) -> dict:
+    return result(all_real_output(worker_args(nbytes), realtime))
 
 
 REFERENCES = {  # flag -> (column, the environment that turns its part off)
