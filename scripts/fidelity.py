@@ -1,7 +1,7 @@
 """The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--rate R] [--repeat K] [--steps N] [--out DIR]
-                               [--noise-floor]
+                               [--noise-floor] [--skew auto|none|FILE] [--realtime]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
 rates) it calibrates once, then validates every workload against that topology,
@@ -84,6 +84,7 @@ def main() -> int:
     p.add_argument("--out", default="fidelity-runs")
     p.add_argument("--skew", default=DEFAULT_SKEW, help="the emulated runs' --skew (auto, the default; none; a file)")
     p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
+    p.add_argument("--realtime", action="store_true", help="every real rank in the real-time class (validate's)")
     ns = p.parse_args()
     second, floor = ("all-real-again", ["--noise-floor"]) if ns.noise_floor else ("emulated", [])
     out = Path(ns.out).resolve()
@@ -99,7 +100,7 @@ def main() -> int:
         if not topo.exists() and not ns.noise_floor:
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
-            tail = "noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}"
+            tail = ("noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}") + ("-rt" if ns.realtime else "")
             csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-{tail}.csv"
             if name in FRAMEWORKS:
                 runs = ["--steps", str(ns.steps + ns.warmup)]
@@ -109,7 +110,8 @@ def main() -> int:
             topology = [] if ns.noise_floor else ["--topology", str(topo)]
             skew = [] if ns.noise_floor else ["--skew", ns.skew]
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
-                "--warmup-steps", str(ns.warmup), *skew, *floor, "--csv", str(csv_path), "--",
+                "--warmup-steps", str(ns.warmup), *skew, *floor, *(["--realtime"] if ns.realtime else []),
+                "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name, second), flush=True)
     return 0

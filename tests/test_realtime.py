@@ -34,14 +34,21 @@ def test_realtime_puts_every_thread_of_the_real_ranks_in_the_class_and_never_the
 
 
 @pytest.mark.skipif(shutil.which("capsh") is None, reason="needs capsh to drop CAP_SYS_NICE")
-def test_realtime_without_the_right_is_refused_in_one_line():
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["torchrun", "--nnodes", "4", "--realtime", SCRIPT],
+        ["validate", "--nnodes", "2", "--topology", "cpu-25gbe", "--realtime", "--", SCRIPT],
+    ],
+)
+def test_realtime_without_the_right_is_refused_in_one_line(argv):
+    """Before any process starts: torchrun's real ranks, and validate's ranks of both runs."""
+    import shlex
     import subprocess
 
-    proc = subprocess.run(
-        ["capsh", "--drop=cap_sys_nice", "--", "-c",
-         f"exec {sys.executable} -m neuronabox.cli torchrun --nnodes 4 --realtime {SCRIPT}"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    command = shlex.join([sys.executable, "-m", "neuronabox.cli", *argv])
+    proc = subprocess.run(["capsh", "--drop=cap_sys_nice", "--", "-c", f"exec {command}"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--realtime: this process may not use the real-time class" in lines[0], lines

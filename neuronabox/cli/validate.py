@@ -44,6 +44,9 @@ def build_parser() -> ArgParser:
     p.add_argument("--topology", help="the emulated run's topology (default: calibrate this testbed first)")
     p.add_argument("--delay-model", help="the emulated run's delay model (default alpha-beta)")
     p.add_argument("--skew", help="the emulated run's --skew: auto (default, as torchrun's), none or FILE")
+    p.add_argument("--realtime", action="store_true",
+                   help="every real rank of both runs in the real-time class, as torchrun --realtime: for a host "
+                   "whose kernel leaves wake-ups for the next tick (root or CAP_SYS_NICE)")  # fmt: skip
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "

@@ -39,6 +39,8 @@ from neuronabox.fidelity.testbed import (
     TestbedError,
 )
 from neuronabox.launcher.ranks import SITE_DIR
+from neuronabox.launcher.realtime import entering
+from neuronabox.launcher.realtime import problem as realtime_problem
 from neuronabox.launcher.reaping import Family
 from neuronabox.launcher.torchrun_args import UsageError, index_list, int_flag, parse, without_pet
 from neuronabox.limits import read_bounded, read_tail
@@ -78,6 +80,7 @@ class Job:
     script: list[str]
     iteration: str = "steps"  # steps: timed by the optimizer's steps; line: the script's own line
     warmup_steps: int = 3  # step intervals left out at the start (steps)
+    realtime: bool = False  # every real rank of both runs in the real-time class (launcher/realtime.py)
     results: list[RunResult] = field(default_factory=list)
 
     @property
@@ -138,7 +141,9 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
             topology.load(ns.topology)
         except topology.TopologyError as exc:
             raise UsageError(f"--topology: {exc}") from None
-    return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps)
+    if ns.realtime and (refused := realtime_problem()):
+        raise UsageError(refused)
+    return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime)
 
 
 # ---------------------------------------------------------------------------------
@@ -165,7 +170,8 @@ class Runner:
         self.port += 1
         return self.port
 
-    def spawn(self, host: Host, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+    def spawn(self, host: Host, cmd: list[str], log: Path, env: dict[str, str], realtime: bool = False) -> None:
+        """`realtime`: the process (an all-real run's agent, so its ranks) in the real-time class."""
         out = open(log, "w")
         self.family.add(
             subprocess.Popen(
@@ -173,7 +179,7 @@ class Runner:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=host.preexec(),
+                preexec_fn=entering(host.preexec()) if realtime else host.preexec(),
                 start_new_session=True,
             )
         )
@@ -233,7 +239,7 @@ class Runner:
                 f"--node-rank={node}", f"--master-addr={hosts[0].address}", f"--master-port={port}",
                 "--rdzv-backend=static", f"--rdzv-id=validate{rep}", *j.torchrun, *j.script,
             ]  # fmt: skip
-            self.spawn(host, cmd, log, self.env(host, steps))
+            self.spawn(host, cmd, log, self.env(host, steps), realtime=j.realtime)
             logs.append(log)
         self.wait(mode, rep)
         return RunResult(mode, rep, self.iteration_ms(logs, steps), time.monotonic() - t0)
@@ -250,7 +256,7 @@ class Runner:
             sys.executable, "-m", "neuronabox.cli", "torchrun", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
             "--real-nodes", ",".join(map(str, j.real_nodes)), "--topology", topology, "--delay-model", delay_model,
             "--boundary", "real", "--placement", str(pfile), "--master-addr", master, "--master-port", str(port),
-            "--trace", str(trace), "--skew", skew, *j.torchrun, *j.script,
+            "--trace", str(trace), "--skew", skew, *(["--realtime"] if j.realtime else []), *j.torchrun, *j.script,
         ]  # fmt: skip
         steps = self.steps_folder("emulated", rep)
         self.spawn(placement.controller, cmd, log, self.env(placement.controller, steps))
