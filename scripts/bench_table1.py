@@ -34,6 +34,7 @@ from pathlib import Path
 from bench_allreduce import result, write_pinned_placement
 
 from neuronabox.launcher.ports import free_port
+from neuronabox.launcher.realtime import entering
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -51,12 +52,10 @@ def reps_for(nbytes: int) -> int:
 
 
 def pinned(cpu: int, realtime: bool = False):
-    def enter() -> None:
+    def pin() -> None:
         os.sched_setaffinity(0, {cpu})
-        if realtime:  # as `neuronabox torchrun --realtime` runs its real ranks
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
 
-    return enter
+    return entering(pin) if realtime else pin  # as `neuronabox torchrun --realtime` runs its real ranks
 
 
 def worker_args(nbytes: int) -> list[str]:

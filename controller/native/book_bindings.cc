@@ -1679,10 +1679,10 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
                                                     static_cast<unsigned long long>(tag))
                               : PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
       if (tl == nullptr) return false;
-      // None: a drawn start met a timing gone inactive (the zero model, its what-if cleared
-      // since the offer): no clock, as a Python start would make it. Python drops the
+      // None from a drawn start: the timing went inactive since the offer (the zero model,
+      // its what-if cleared), so no clock, as a Python start would make it; Python drops the
       // starter at its next turn (Engine.adopt_started).
-      if (tl != Py_None) {
+      if (!(st.drawn && tl == Py_None)) {
         const timing::TimingApi* api = timing_api();
         int kind = 0;
         void* native = api != nullptr ? api->native_of(tl, &kind) : nullptr;
@@ -1698,10 +1698,6 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
           PyErr_NoMemory();
           return false;
         }
-      } else if (!st.drawn) {
-        Py_DECREF(tl);
-        PyErr_SetString(PyExc_TypeError, "a starter's timeline made no timeline");
-        return false;
       }
       Py_DECREF(tl);  // the clock holds it
     }

@@ -247,12 +247,8 @@ def delete_netns(names: list[str], tries: int = 5) -> None:
 def sweep_stale() -> list[str]:
     """Remove what testbeds of launchers that no longer run left behind (a launcher
     killed with SIGKILL cannot clean up after itself). Returns what it removed."""
-    gone = []
-    for ns in owned_netns():
-        pid = int(ns[len(PREFIX) :].split("-", 1)[0])
-        if not _alive(pid):
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
-            gone.append(ns)
+    gone = [ns for ns in owned_netns() if not _alive(int(ns[len(PREFIX) :].split("-", 1)[0]))]
+    delete_netns(gone)
     for cg in owned_cgroups():
         if not _alive(int(cg.name.split("-")[1])):
             _remove_cgroup(cg)

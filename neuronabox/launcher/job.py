@@ -189,7 +189,6 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     boundary = args.ours.get("--boundary", "modeled")
     if boundary not in ("modeled", "real"):
         raise UsageError(f"--boundary is modeled or real, got {boundary!r}")
-    skew = _skew(args.ours.get("--skew"))  # not given: auto (Gloo; NCCL below)
     local_work = args.ours.get("--local-work", "measured")
     if local_work not in LOCAL_WORK:
         raise UsageError(f"--local-work is {' or '.join(LOCAL_WORK)}, got {local_work!r}")
@@ -216,8 +215,7 @@ def job_from_args(args: LaunchArgs, output: str | os.PathLike | None = None, con
     device = _nccl_device(args, backend)
     if nccl is not None and args.ours.get("--skew", "none") != "none":
         raise UsageError("--skew is drawn by the Gloo dialect's timelines; the NCCL relay does not draw yet: drop it")
-    if nccl is not None:
-        skew = "none"
+    skew = "none" if nccl is not None else _skew(args.ours.get("--skew"))  # not given: auto (skew.DEFAULT)
     if nccl is not None and data == "mirror":
         raise UsageError("--data mirror is Gloo's (the observer reads the real rank's inputs); drop it for NCCL")
     trace = args.ours.get("--trace")

@@ -278,8 +278,8 @@ int install(PyObject* obj, T* tl) {
 }
 
 int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"world", "root",    "real", "t0",       "latency", "ser",
-                             "work",  "modeled", "skew", "hold_real", nullptr};
+  static const char* kw[] = {"world", "root", "real", "t0", "latency", "ser", "work", "modeled", "skew", "hold_real",
+                             nullptr};
   TreeParams p;
   PyObject *real, *skew;
   int modeled = 1, hold = 0;
