@@ -17,7 +17,6 @@ transitions are `Phase` and `PHASE_MOVES`.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from enum import Enum, auto
 
@@ -36,6 +35,7 @@ from .payloads import Input, PayloadPolicy
 from .release import DrawnStart, Jittered, ReleaseTiming
 from .shape import Ask, Grace, ShapeInference
 from .starts import Seen, Starters, StartTemplate
+from .waiting import WaitingRecords
 
 RING_POST_WINDOW = 2  # receives a ring keeps posted per pair, as gloo::allreduce's ring does
 DEFERRED_RECORDS_MAX = 64  # finished instances whose records wait for an idle loop; more: published at once
@@ -404,7 +404,7 @@ class Engine:
         self.programs = ProgramCache()
         self.defer_records = defer_records
         self.native_start = native_start and getattr(dialect, "slot_pattern", None) is not None
-        self.finished: deque[tuple[Instance, float]] = deque()  # completed, record not yet out: (instance, end)
+        self.finished: WaitingRecords[Instance] = WaitingRecords()  # completed, record not yet out
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock, self.loop_cpu)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
         self.starters = Starters(self.core, dialect, self.conn_of)  # native starts (controller/starts.py)
@@ -550,14 +550,14 @@ class Engine:
         if not self.defer_records:
             self._report(inst, end)
             return
-        self.finished.append((inst, end))
+        self.finished.push(inst, end, inst.entries())
         if len(self.finished) > DEFERRED_RECORDS_MAX:  # the loop has had no idle turn: catch up now
             self.publish_finished()
 
     def publish_next(self) -> bool:
         """One finished instance's record out (the driver's idle turn); whether more wait."""
         if self.finished:
-            self._report(*self.finished.popleft())
+            self._report(*self.finished.pop())
         return bool(self.finished)
 
     def _report(self, inst: Instance, end: float) -> None:
@@ -580,8 +580,8 @@ class Engine:
     def open_entries(self) -> dict[int, float]:
         """Each real rank's earliest entry (global rank -> time) into an instance still in
         flight: the trace's gaps before it are not final yet."""
-        marks: dict[int, float] = {}
-        for inst in [*self.instances.values(), *(i for i, _ in self.finished)]:  # a waiting record is open too
+        marks = self.finished.earliest()  # a waiting record is open too
+        for inst in self.instances.values():
             for r, t in inst.entries().items():
                 marks[r] = min(marks.get(r, t), t)
         return marks

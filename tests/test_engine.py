@@ -8,6 +8,8 @@ import time
 from collections import deque
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from neuronabox.controller.dialects.gloo.protocol import GLOO, Data, GlooPair, RecvReady
 from neuronabox.controller.dialects.gloo.wire import SlotPrefix, make_slot
 from neuronabox.controller.engine import Conn, Engine, Group, ProtocolError
@@ -514,6 +516,29 @@ def test_a_deferred_record_waits_for_the_idle_turn_and_holds_the_gaps_open():
         again(side, tag)
     assert len(side.completed) + len(side.engine.finished) == 2 + DEFERRED_RECORDS_MAX
     assert len(side.engine.finished) <= DEFERRED_RECORDS_MAX
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.dictionaries(st.integers(0, 3), st.floats(0, 100), max_size=4)), max_size=60))
+def test_the_waiting_records_earliest_entries_are_the_minimum_over_the_queue(ops):
+    """WaitingRecords answers each rank's earliest entry from its sliding-window minimum:
+    the same as the minimum over every record still waiting (None in `ops`: a pop)."""
+    from neuronabox.controller.waiting import WaitingRecords
+
+    queue: WaitingRecords[int] = WaitingRecords()
+    held: deque[tuple[int, dict[int, float]]] = deque()
+    for i, op in enumerate(ops):
+        if op is None and held:
+            first, _ = held.popleft()
+            assert queue.pop() == (first, float(first))
+        elif op is not None:
+            queue.push(i, float(i), op)
+            held.append((i, op))
+        expect: dict[int, float] = {}
+        for _, entries in held:
+            for r, x in entries.items():
+                expect[r] = min(expect.get(r, x), x)
+        assert queue.earliest() == expect and len(queue) == len(held)
 
 
 def test_the_frames_of_one_poll_carry_its_time():

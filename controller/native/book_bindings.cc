@@ -1486,7 +1486,10 @@ PyObject* book_close(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   unroute(self);
   self->finished = true;
-  if (self->book != nullptr) self->book->drop_hooks();
+  if (self->book != nullptr) {
+    self->book->drop_hooks();
+    self->book->drop_payloads();
+  }
   Py_CLEAR(self->owner);
   Py_RETURN_NONE;
 }
