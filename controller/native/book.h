@@ -99,6 +99,14 @@ class SendTable {
     const auto i = static_cast<size_t>(ref.step);
     return i < r->size() ? &(*r)[i] : nullptr;
   }
+  // f(entry) for every entry made, in no particular order.
+  template <class F>
+  void for_each(F f) const {
+    for (const auto& [rank, row] : by_rank_) {
+      for (const T& v : row) f(v);
+    }
+    for (const auto& [key, v] : sparse_) f(v);
+  }
 
  private:
   static constexpr int64_t kDenseSteps = int64_t{1} << 24;  // past this (or below 0), a map
@@ -211,6 +219,12 @@ class Book {
   // instance's record may wait for the loop's idle turn, up to 64 of them: holding their
   // payloads (256 MiB at 4 MiB allreduces) made every new instance fault in fresh pages.
   void drop_payloads() { received_ = SendTable<BytesRef>(); }
+  // Bytes of the real sends it still holds (0 once it closed).
+  size_t held_bytes() const {
+    size_t n = 0;
+    received_.for_each([&n](const BytesRef& b) { n += b ? b->size() : 0; });
+    return n;
+  }
 
  private:
   struct Expected {

@@ -1553,6 +1553,11 @@ PyObject* book_done_at(PyObject* obj, void*) {
   return book_ready(self) ? PyFloat_FromDouble(self->book->done_at()) : nullptr;
 }
 
+PyObject* book_held(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<BookObject*>(obj);
+  return book_ready(self) ? PyLong_FromSize_t(self->book->held_bytes()) : nullptr;
+}
+
 PyObject* book_slot(PyObject* obj, void*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   return book_ready(self) ? PyLong_FromUnsignedLongLong(self->book->slot()) : nullptr;
@@ -1593,6 +1598,7 @@ PyGetSetDef book_getset[] = {
     {"remaining", book_remaining, nullptr, "boundary messages not yet crossed", nullptr},
     {"boundary", book_boundary, nullptr, "boundary messages the program has", nullptr},
     {"done_at", book_done_at, nullptr, "when the last one crossed", nullptr},
+    {"held", book_held, nullptr, "bytes of the real sends it still holds (0 once closed)", nullptr},
     {"slot", book_slot, nullptr, "the instance's slot", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
