@@ -215,9 +215,11 @@ class Book {
     source_.reset();
     extension_.reset();
   }
-  // ... and of the bytes that crossed: only the times are read from here on. A finished
-  // instance's record may wait for the loop's idle turn, up to 64 of them: holding their
-  // payloads (256 MiB at 4 MiB allreduces) made every new instance fault in fresh pages.
+  // ... and of the bytes that crossed: only the times are read from here on (at its
+  // completion, every send is out). A finished instance's record may wait for the loop's
+  // idle turn, and a book started natively for Python's adoption, up to 64 of each:
+  // holding their payloads (256 MiB at 4 MiB allreduces) made every new instance fault in
+  // fresh pages.
   void drop_payloads() { received_ = SendTable<BytesRef>(); }
   // Bytes of the real sends it still holds (0 once it closed).
   size_t held_bytes() const {

@@ -446,6 +446,7 @@ bool apply(BookObject* b, Actions& a) {
   }
   if (a.complete && !b->finished) {
     b->finished = true;
+    b->book->drop_payloads();  // every send is out: the bytes go now, not when Python adopts or closes it
     PyObject* owner = b->owner;
     b->owner = nullptr;
     if (owner == Py_None) {  // started natively, not adopted yet: Python finds it done (take_started)
