@@ -221,7 +221,7 @@ class Book {
   // holding their payloads (256 MiB at 4 MiB allreduces) made every new instance fault in
   // fresh pages.
   void drop_payloads() { received_ = SendTable<BytesRef>(); }
-  // Bytes of the real sends it still holds (0 once it closed).
+  // Bytes of the real sends it still holds (0 once it completed or closed).
   size_t held_bytes() const {
     size_t n = 0;
     received_.for_each([&n](const BytesRef& b) { n += b ? b->size() : 0; });

@@ -1599,7 +1599,7 @@ PyGetSetDef book_getset[] = {
     {"remaining", book_remaining, nullptr, "boundary messages not yet crossed", nullptr},
     {"boundary", book_boundary, nullptr, "boundary messages the program has", nullptr},
     {"done_at", book_done_at, nullptr, "when the last one crossed", nullptr},
-    {"held", book_held, nullptr, "bytes of the real sends it still holds (0 once closed)", nullptr},
+    {"held", book_held, nullptr, "bytes of the real sends it still holds (0 once it completed or closed)", nullptr},
     {"slot", book_slot, nullptr, "the instance's slot", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
