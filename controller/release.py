@@ -11,7 +11,7 @@ real rank's pace (DESIGN.md, "Timing semantics").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from neuronabox.delay_models.whatif import WhatIf
 from neuronabox.topology import HostWork, LinkClass
@@ -95,9 +95,8 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         later = self.whatif.entry_delay(kind)  # the collective starts later for every rank, the real ones too
         entry = self.skew.entry(t0 + later, self.whatif.stragglers(kind), (group, str(kind), nbytes), f"{group}/{tag}",
-                                schedule.world if takes_drawn_skew(schedule) else 0, real.members)  # fmt: skip
-        if later:
-            entry = replace(entry, hold_real=True)
+                                schedule.world if takes_drawn_skew(schedule) else 0, real.members,
+                                hold_real=bool(later))  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 

@@ -136,13 +136,15 @@ class Skew:
         instance: str,
         world: int = 0,
         real: frozenset[int] = frozenset(),
+        hold_real: bool = False,
     ) -> Entry:
         """The entry of one instance that the real rank entered at `t0`: `key` names its
         recurring collective (group, kind, bytes), `instance` the instance itself (its seed).
         `world` and `real`: the group's, where the instance takes drawn delays (rings and
-        one-message collectives; 0 for broadcasts and barriers, which keep the undrawn entry)."""
+        one-message collectives; 0 for broadcasts and barriers, which keep the undrawn entry).
+        `hold_real`: the collective starts at `t0` for the real ranks too (Entry.hold_real)."""
         if self.mode == "none":
-            return Entry(t0, stragglers)
+            return Entry(t0, stragglers, hold_real=hold_real)
         shift, draws, place = 0.0, self.draws, None
         if self.mode == "auto" and self._stepped:  # keyed by place in the iteration: bounded by one iteration's
             k = self._seen.get(key, 0)
@@ -156,9 +158,8 @@ class Skew:
             draws = tuple(own if len(own) >= PLACE_DRAWS else self._pool)
         elif self._replay.get(key):
             draws = self._replay[key].popleft()
-        entry = Entry(t0, stragglers)
-        if draws:
-            entry = Entry(t0, stragglers, draws, shift, self.seed ^ zlib.crc32(instance.encode()))
+        seed = self.seed ^ zlib.crc32(instance.encode()) if draws else 0
+        entry = Entry(t0, stragglers, draws, shift if draws else 0.0, seed, hold_real)
         if place is not None:
             self._open[instance] = (place, t0, latest_entry(entry, world, real) if draws and world else 0.0)
             if len(self._open) > MAX_OPEN:  # an instance that never ended

@@ -222,6 +222,28 @@ def test_release_timing_charges_the_models_local_work():
     assert not zero.active and zero.work == HostWork()
 
 
+def test_release_timing_holds_the_real_ranks_under_a_collective_latency():
+    """ReleaseTiming gives an instance under `latency=+X,per=collective` the entry that
+    starts X later and holds the real ranks' first sends until then (Entry.hold_real);
+    another what-if (per message) holds nothing."""
+    sched, real = RingAllreduce(RingGeometry.for_tensor(8, 1 << 20, 4)), RealRanks([0], 8)
+    model = load_model("alpha-beta", load_topology("ib-100g").with_nodes(8, 1))
+    sends = [(0, step, 0.0) for step in range(len(sched.sends(0)))]  # the real rank sent at once on entering
+
+    for spec, held in (("latency=+1ms,per=collective", True), ("latency=+1ms", False)):
+        timing = ReleaseTiming(model, WhatIf.from_specs([spec]))
+        tl = timing.timeline("allreduce", 1 << 20, sched, real, 0.0)
+        hop = timing.hop("allreduce", 1 << 20, 8, sched)
+        later = timing.whatif.entry_delay("allreduce")
+        want = fast_arrivals(sched, hop, Entry(later, hold_real=held), real, sends, True, tl.work, release=True)
+        free = fast_arrivals(sched, hop, Entry(later), real, sends, True, tl.work, release=True)
+        for x, step, at in sends:
+            tl.real_sent(x, step, at)
+        got = {k: tl.release(*k) for k in want}
+        assert got == pytest.approx(want), spec
+        assert (got != pytest.approx(free)) == held, spec  # the hold moved releases, and only under the latency
+
+
 @pytest.mark.parametrize("kind", ["broadcast", "barrier", "gather", "scatter", "alltoall"])
 def test_rank_time_is_the_timeline_with_a_punctual_real_rank(kind):
     """`rank_time` and `free_time` with work are the timelines' arrivals at each rank when

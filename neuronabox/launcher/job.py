@@ -22,6 +22,7 @@ from neuronabox import delay_models, topology
 from neuronabox.controller.config import real_ranks_of
 from neuronabox.controller.dialects.nccl.errors import UnsupportedNcclVersion
 from neuronabox.controller.dialects.nccl.versions import layout_for
+from neuronabox.controller.skew import DEFAULT as DEFAULT_SKEW
 from neuronabox.controller.skew import SkewError, checked_spec
 from neuronabox.delay_models.whatif import WhatIf, WhatIfError
 from neuronabox.fidelity.testbed import Host, Placement
@@ -91,7 +92,7 @@ class Job:
     cores: CorePlan | None = None  # without --placement: the cores of the real nodes and the controller here
     placement_note: str = ""  # the one line the launcher prints about where the processes run
     realtime: bool = False  # the real ranks in the real-time class (launcher/realtime.py)
-    skew: str = "auto"  # the emulated ranks' entry delays: none, auto, or a file's absolute path
+    skew: str = DEFAULT_SKEW  # the emulated ranks' entry delays: none, auto, or a file's absolute path
     local_work: str = "measured"  # the emulated ranks' own work: measured (no topology's), or the topology's only
     # Several hosts (hosts.py): this host's real node (--node-rank), or the controller alone.
     node_rank: int | None = None  # None: every real node runs here
