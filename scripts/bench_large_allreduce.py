@@ -14,15 +14,13 @@ repetitions (what Table 1's 30 see) and over the rest (steady state), and of its
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from bench_allreduce import write_pinned_placement
-from bench_table1 import all_real_output, pinned
+from bench_table1 import all_real_output, emulated_output
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -34,15 +32,11 @@ def times_ms(out: str) -> list[float]:
 
 
 def emulated(worker: list[str], placement: Path, busy: bool) -> list[float]:
-    env = dict(os.environ, NEURONABOX_BUSY_POLL="1" if busy else "0")
-    cmd = [
-        sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
-        "--placement", str(placement), "--realtime", *worker,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1), env=env)
-    if proc.returncode != 0:
-        sys.exit(f"emulated run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return times_ms(proc.stdout)
+    try:
+        out = emulated_output(worker, placement, {"NEURONABOX_BUSY_POLL": "1" if busy else "0"}, realtime=True)
+    except RuntimeError as exc:
+        sys.exit(f"emulated run failed: {(str(exc).strip().splitlines() or ['?'])[-1]}")
+    return times_ms(out)
 
 
 def main() -> None:

@@ -98,16 +98,25 @@ REFERENCES = {  # flag -> (column, the environment that turns its part off)
 }
 
 
-def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None, realtime: bool = False) -> dict:
+def emulated_output(
+    worker: list[str], placement: Path, off: dict[str, str] | None = None, realtime: bool = False
+) -> str:
+    """Rank 0's stdout of `worker` run emulated at W = 2 (zero-delay model, the real rank
+    and the controller each on a core of `placement`'s); `off`: environment that turns a
+    part of the emulator off (REFERENCES)."""
     env = dict(os.environ, **(off or {}))
     cmd = [
         sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--delay-model", "zero",
-        "--placement", str(placement), *(["--realtime"] if realtime else []), *worker_args(nbytes),
+        "--placement", str(placement), *(["--realtime"] if realtime else []), *worker,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=pinned(1), env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
-    return result(proc.stdout)
+    return proc.stdout
+
+
+def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None, realtime: bool = False) -> dict:
+    return result(emulated_output(worker_args(nbytes), placement, off, realtime))
 
 
 def label(nbytes: int) -> str:
