@@ -1486,11 +1486,11 @@ PyObject* book_received(PyObject* obj, PyObject* args) {
 PyObject* book_close(PyObject* obj, PyObject*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   unroute(self);
-  self->finished = true;
   if (self->book != nullptr) {
     self->book->drop_hooks();
-    self->book->drop_payloads();
+    if (!self->finished) self->book->drop_payloads();  // a completed book let go of them already (apply)
   }
+  self->finished = true;
   Py_CLEAR(self->owner);
   Py_RETURN_NONE;
 }
