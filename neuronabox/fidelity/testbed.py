@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import read_bounded
 
@@ -40,6 +42,7 @@ CGROUP_PERIOD_US = 10_000  # a short period keeps a quota smooth at the scale of
 PREFIX = "nbx"  # namespaces are nbx<pid>-<host>, cgroups neuronabox-<pid>
 SUBNET = "198.18.0"  # RFC 2544's benchmarking range, only inside the testbed's own namespaces
 CONTROLLER_OCTET = 254  # larger than every node's: by Gloo's rule the controller dials
+TEARDOWN_WAIT = 10.0  # seconds a closing testbed waits for its processes, namespaces and cgroups to go
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(bit|kbit|mbit|gbit|[kMG]b/s|[kMG]bps)\s*$", re.IGNORECASE)
 _RATE_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -209,37 +212,108 @@ def owned_cgroups(pid: int | None = None) -> list[Path]:
     return [p for p in CGROUP_CPU.iterdir() if (m := pat.match(p.name)) and (pid is None or int(m.group(1)) == pid)]
 
 
-def _remove_cgroup(root: Path) -> None:
-    """Remove a cgroup folder whose tasks have ended (tasks still inside move to the parent)."""
-    for child in sorted(root.glob("*/"), reverse=True):
-        if (child / "cgroup.procs").exists():
-            _remove_cgroup(child)
-    try:
-        for pid in read_bounded(root / "cgroup.procs", 1 << 20, "cgroup's task list").decode().split():
+def _remove_cgroup(root: Path, wait: float = 0.0) -> bool:
+    """Remove a cgroup folder (tasks still inside move to the parent). A folder whose
+    last task is still exiting cannot go yet: retried for up to `wait` seconds.
+    Returns whether it is gone."""
+    deadline = time.monotonic() + wait
+    while True:
+        for child in sorted(root.glob("*/"), reverse=True):
+            if (child / "cgroup.procs").exists():
+                _remove_cgroup(child)
+        try:
+            for pid in read_bounded(root / "cgroup.procs", 1 << 20, "cgroup's task list").decode().split():
+                try:
+                    (root.parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            root.rmdir()
+        except OSError:
+            pass
+        if not root.exists():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _cgroup_tasks(root: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in root.rglob("cgroup.procs"):
+        try:
+            pids.update(int(x) for x in read_bounded(procs, 1 << 20, "cgroup's task list").split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _netns_members(names: list[str]) -> set[int]:
+    """Processes whose network namespace is one of `names` (matched by the namespace's
+    inode, as /proc/PID/ns/net reads it)."""
+    inodes = set()
+    for ns in names:
+        try:
+            st = os.stat(NETNS_DIR / ns)
+            inodes.add((st.st_dev, st.st_ino))
+        except OSError:
+            continue
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
             try:
-                (root.parent / "cgroup.procs").write_text(pid)
+                st = os.stat(f"/proc/{entry}/ns/net")
             except OSError:
-                pass
-        root.rmdir()
-    except OSError:
-        pass
+                continue
+            if (st.st_dev, st.st_ino) in inodes:
+                pids.add(int(entry))
+    return pids
 
 
-def delete_netns(names: list[str], tries: int = 5) -> None:
+def stop_inside(names: list[str], cgroot: Path, wait: float = TEARDOWN_WAIT) -> list[int]:
+    """SIGKILL every process still inside a testbed's namespaces or cgroups and wait
+    for them to go: a run's processes are stopped before the testbed closes, but one
+    that left its launcher's tree (a worker whose agent died first) would keep its
+    cgroup busy and outlive the testbed. Returns the pids it stopped."""
+    pids = _netns_members(names) | (_cgroup_tasks(cgroot) if cgroot.is_dir() else set())
+    pids.discard(os.getpid())
+    procs = []
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=wait)  # reaps those that are this process's children
+    return [p.pid for p in procs]
+
+
+def delete_netns(names: list[str], wait: float = TEARDOWN_WAIT) -> None:
     """Delete namespaces and check that they are gone: a delete can fail while a process
-    that entered one is still leaving it (a failed run's, under load). Retried a few
-    times, 0.1 s apart; what still stands is named on stderr, and the next testbed's
-    sweep (`sweep_stale`) removes it once its launcher is gone."""
+    that entered one is still leaving it (a failed run's, under load). Retried, with
+    growing pauses, for up to `wait` seconds; one namespace's failure (even a hung
+    `ip`) does not stop the others. What still stands is named on stderr, and the next
+    testbed's sweep (`sweep_stale`) removes it once its launcher is gone."""
     left, why = list(names), {}
-    for attempt in range(tries):
+    deadline, pause = time.monotonic() + wait, 0.05
+    while left:
         for ns in left:
-            done = subprocess.run(["ip", "netns", "delete", ns], capture_output=True, text=True, timeout=30)
-            why[ns] = done.stderr.strip()
-        present = set(_netns_list())
+            try:
+                done = subprocess.run(["ip", "netns", "delete", ns], capture_output=True, text=True, timeout=10)
+                why[ns] = done.stderr.strip()
+            except (subprocess.SubprocessError, OSError) as exc:
+                why[ns] = str(exc)
+        try:
+            present = set(_netns_list())
+        except (subprocess.SubprocessError, OSError):
+            present = {ns for ns in left if (NETNS_DIR / ns).exists()}
         left = [ns for ns in left if ns in present]
-        if not left:
-            return
-        time.sleep(0.1 * (attempt + 1))
+        if not left or time.monotonic() + pause > deadline:
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
     for ns in left:
         print(f"neuronabox: warning: namespace {ns} still stands: {why[ns] or 'no reason given'}", file=sys.stderr)
 
@@ -359,11 +433,16 @@ class Netns:
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> None:
-        """Delete every namespace (their veths, bridge and qdiscs go with them) and cgroup."""
-        delete_netns(list(reversed(self.created)))
-        self.created.clear()
-        if self.cgroot.exists():
-            _remove_cgroup(self.cgroot)
+        """Stop what still runs inside, then delete every namespace (their veths, bridge
+        and qdiscs go with them) and cgroup. Never raises: each part is tried whatever
+        became of the others, and what could not go is named on stderr."""
+        try:
+            stop_inside(self.created, self.cgroot)
+        finally:
+            delete_netns(list(reversed(self.created)))
+            self.created.clear()
+            if self.cgroot.exists() and not _remove_cgroup(self.cgroot, wait=TEARDOWN_WAIT):
+                print(f"neuronabox: warning: cgroup {self.cgroot} still stands (a task inside)", file=sys.stderr)
 
     def __enter__(self) -> Netns:
         return self
