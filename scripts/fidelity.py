@@ -7,7 +7,9 @@ For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two lin
 rates) it calibrates once, then validates every workload against that topology,
 interleaved K times, and prints one markdown row per case: the all-real and emulated
 medians with their spread, the error of the medians with the per-repetition range,
-and the controller's CPU per boundary message next to the model's time per message
+validate's resolution (the error that sets of K all-real runs drawn from these show
+between themselves: a smaller error is not resolved), and the controller's CPU per
+boundary message next to the model's time per message
 (where the controller is slower than the network it emulates, the error is the
 controller's: the native data plane's issue). The CSVs stay in DIR. `--noise-floor`
 puts a second all-real run in the emulated run's place: the same table of the testbed
@@ -62,13 +64,14 @@ def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str, 
     cpu = [float(r["controller_cpu_per_msg_us"]) for r in rows if r["controller_cpu_per_msg_us"]]
     interval = [float(r["model_interval_us"]) for r in rows if r["model_interval_us"]]
     pace = f"{statistics.median(cpu):.0f} / {statistics.median(interval):.0f} us" if cpu else "-"
+    resolution = next((f"{float(r['error_pct']):.1f}%" for r in rows if r["mode"] == "resolution"), "-")
 
     def ms(xs: list[float]) -> str:
         return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
     return (
         f"| {testbed} | {rate or '-'} | {nnodes} | {workload} | {ms(real)} | {ms(emu)} | "
-        f"{err * 100:+.1f}% ({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) | {pace} |"
+        f"{err * 100:+.1f}% ({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) | {resolution} | {pace} |"
     )
 
 
@@ -90,8 +93,8 @@ def main() -> int:
     out = Path(ns.out).resolve()
     out.mkdir(exist_ok=True)
     print(f"| testbed | rate | W | workload | all-real ms (min-max) | {second} ms (min-max) | error (per rep) "
-          "| controller CPU / model time per message |")  # fmt: skip
-    print("|---|---|---:|---|---:|---:|---:|---:|")
+          "| resolution | controller CPU / model time per message |")  # fmt: skip
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for testbed, rate, nnodes in CASES:
         if (ns.only and testbed != ns.only) or (ns.nnodes and nnodes != ns.nnodes) or (ns.rate and rate != ns.rate):
             continue

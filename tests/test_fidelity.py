@@ -24,6 +24,7 @@ from conftest import ROOT, Live
 from neuronabox.topology import load
 
 from neuronabox.fidelity.testbed import CGROUP_CPU, Netns, owned_cgroups, owned_netns, parse_rate, sweep_stale
+from neuronabox.fidelity.validate import Comparison, no_difference_error
 
 MLP = str(ROOT / "examples" / "mlp.py")
 TRAIN_DDP = str(ROOT / "examples" / "train_ddp.py")  # an unmodified script: it prints no iteration line
@@ -95,6 +96,19 @@ def test_loopback_refuses_too_few_cores(run):
 def test_rates_parse():
     assert parse_rate("100mbit") == 100e6 and parse_rate("1gbit") == 1e9 and parse_rate("500Mb/s") == 500e6
     assert parse_rate("64kbit") == 64e3
+
+
+def test_the_resolution_reads_the_all_real_runs_own_spread():
+    assert Comparison([10.0] * 5, [10.5] * 5).resolution == 0.0  # runs that never differ resolve any error
+    narrow = Comparison([10.0, 10.1, 9.9, 10.05, 9.95], [10.0] * 5)
+    wide = Comparison([10.0, 11.0, 9.0, 10.5, 9.5], [10.0] * 5)
+    assert 0 < narrow.resolution < wide.resolution
+    assert Comparison(wide.real, [1.0] * 5).resolution == wide.resolution  # the all-real side's alone
+    assert Comparison([10.0, 11.0], [10.0, 10.0]).resolution is None
+    # What it claims: two sets drawn from the same runs differ by more one time in ten.
+    errs = no_difference_error(wide.real, 5, draws=4000, seed=1)
+    assert sum(e > wide.resolution for e in errs) <= 0.13 * len(errs)
+    assert sum(e >= wide.resolution for e in errs) >= 0.07 * len(errs)
 
 
 def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path):

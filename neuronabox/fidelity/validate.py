@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -330,6 +331,29 @@ class Comparison:
         """Each repetition's other run against its own all-real run: the spread."""
         return [e / r - 1 for r, e in zip(self.real, self.other, strict=True)]
 
+    @property
+    def resolution(self) -> float | None:
+        """The smallest error these repetitions resolve, from the all-real runs alone (see
+        `no_difference_error`); None under 3 repetitions."""
+        if len(self.real) < 3:
+            return None
+        return statistics.quantiles(no_difference_error(self.real, len(self.real)), n=10)[-1]
+
+
+def no_difference_error(runs: list[float], k: int, draws: int = 2000, seed: int = 0) -> list[float]:
+    """|median(A) / median(B) - 1| for two sets A and B of `k` runs drawn (with replacement)
+    from `runs`, `draws` times: what an error of medians reads when both sides are the same
+    thing. Every run is a fresh process, and on a shared VM a fresh process of the same
+    compute runs a few percent faster or slower than the last, for its whole life
+    (scripts/bench_launch_noise.py); its 90th percentile is the error K repetitions cannot
+    tell from nothing."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(draws):
+        a, b = rng.choices(runs, k=k), rng.choices(runs, k=k)
+        out.append(abs(statistics.median(a) / statistics.median(b) - 1))
+    return out
+
 
 def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunResult]) -> str:
     def ms(xs: list[float]) -> str:
@@ -348,6 +372,11 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         f"  {'again' if floor else 'emulated':<10} {ms(cmp.other)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
     ]
+    if cmp.resolution is not None:
+        lines.append(
+            f"  resolution {cmp.resolution * 100:.1f}%   (two sets of {len(cmp.real)} all-real runs drawn from these "
+            "differ by this much at p90: a smaller error is not resolved)"
+        )
     if floor:
         lines.append(
             f"  the noise floor: all-real against all-real; at {len(cmp.real)} repetitions this testbed "
@@ -374,6 +403,8 @@ def write_csv(path: Path, job: Job, ns: argparse.Namespace, cmp: Comparison, res
             w.writerow(
                 [*common, r.rep, r.mode, f"{r.median_ms:.3f}", _opt(r.cpu_per_msg_us), _opt(r.model_interval_us), ""]
             )
+        if cmp.resolution is not None:  # (before the error: the last row is the error's)
+            w.writerow([*common, "all", "resolution", "", "", "", f"{cmp.resolution * 100:.2f}"])
         w.writerow([*common, "all", "error", "", "", "", f"{cmp.error * 100:.2f}"])
 
 
