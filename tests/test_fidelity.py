@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -23,7 +22,15 @@ import yaml
 from conftest import ROOT, Live
 from neuronabox.topology import load
 
-from neuronabox.fidelity.testbed import CGROUP_CPU, Netns, owned_cgroups, owned_netns, parse_rate, sweep_stale
+from neuronabox.fidelity.testbed import (
+    CGROUP_CPU,
+    Netns,
+    owned_cgroups,
+    owned_netns,
+    parse_rate,
+    stale,
+    sweep_stale,
+)
 from neuronabox.fidelity.validate import Comparison, no_difference_error
 
 MLP = str(ROOT / "examples" / "mlp.py")
@@ -38,13 +45,12 @@ needs_root = pytest.mark.skipif(
 
 def left_behind(before: tuple[str, str, list[str], list[str]]) -> tuple[str, str, list[str]]:
     """What the host gained since `before` that no live process owns: links and qdiscs as
-    they are now against then, and the namespaces and cgroups (named by their owner's pid)
-    new since then whose owner is gone. A testbed of a live owner is another suite's, being
-    built or torn down beside this one: not a leak (CI once caught one half built)."""
-    links, qdiscs, netns, cgroups = host_state()
-    new = sorted({*netns, *cgroups} - {*before[2], *before[3]})
-    dead = [n for n in new if not psutil.pid_exists(int(re.search(r"(\d+)", Path(n).name).group(1)))]
-    return links, qdiscs, dead
+    they are now against then, and the namespaces and cgroups new since then whose owner
+    is gone (`testbed.stale`). A testbed of a live owner is another suite's, being built or
+    torn down beside this one: not a leak (CI once caught one half built)."""
+    links, qdiscs, _, _ = host_state()
+    netns, cgroups = stale()
+    return links, qdiscs, sorted({*netns, *map(str, cgroups)} - {*before[2], *before[3]})
 
 
 def host_state() -> tuple[str, str, list[str], list[str]]:
@@ -248,16 +254,18 @@ def test_a_closing_testbed_stops_what_still_runs_inside():
     before = host_state()
     testbed = Netns(2, 1e9, 0.5)
     try:
-        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('in', flush=True); "
-        code += "time.sleep(120)"
+        # It waits on its stdin, which this test holds open: it ends when killed, or when the
+        # test lets go of it (a failing test leaves nothing running).
+        code = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('in', flush=True); "
+        code += "sys.stdin.read()"
         stray = subprocess.Popen([sys.executable, "-c", code], preexec_fn=testbed.node(1).enter,
-                                 stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
         assert stray.stdout.readline() == b"in\n"
         assert os.stat(f"/proc/{stray.pid}/ns/net").st_ino == os.stat(f"/run/netns/{testbed.node(1).netns}").st_ino
     finally:
         testbed.close()
     alive = psutil.pid_exists(stray.pid) and psutil.Process(stray.pid).status() != psutil.STATUS_ZOMBIE
-    stray.kill()  # (reaped by close when it stopped it: this is for the failing case)
+    stray.stdin.close()  # (reaped by close when it stopped it: this ends it in the failing case)
     stray.wait(timeout=30)
     assert not alive, "a process inside the testbed outlived it"
     assert left_behind(before) == (*before[:2], [])

@@ -271,11 +271,11 @@ def _netns_members(names: list[str]) -> set[int]:
     return pids
 
 
-def stop_inside(names: list[str], cgroot: Path, wait: float = TEARDOWN_WAIT) -> list[int]:
+def stop_inside(names: list[str], cgroot: Path, wait: float = TEARDOWN_WAIT) -> None:
     """SIGKILL every process still inside a testbed's namespaces or cgroups and wait
     for them to go: a run's processes are stopped before the testbed closes, but one
     that left its launcher's tree (a worker whose agent died first) would keep its
-    cgroup busy and outlive the testbed. Returns the pids it stopped."""
+    cgroup busy and outlive the testbed."""
     pids = _netns_members(names) | (_cgroup_tasks(cgroot) if cgroot.is_dir() else set())
     pids.discard(os.getpid())
     procs = []
@@ -287,7 +287,6 @@ def stop_inside(names: list[str], cgroot: Path, wait: float = TEARDOWN_WAIT) -> 
         except psutil.Error:
             continue
     psutil.wait_procs(procs, timeout=wait)  # reaps those that are this process's children
-    return [p.pid for p in procs]
 
 
 def delete_netns(names: list[str], wait: float = TEARDOWN_WAIT) -> None:
@@ -318,16 +317,22 @@ def delete_netns(names: list[str], wait: float = TEARDOWN_WAIT) -> None:
         print(f"neuronabox: warning: namespace {ns} still stands: {why[ns] or 'no reason given'}", file=sys.stderr)
 
 
+def stale() -> tuple[list[str], list[Path]]:
+    """The namespaces and cgroups of testbeds whose launcher no longer runs: what
+    `sweep_stale` removes, and what a closed testbed must not have left."""
+    netns = [ns for ns in owned_netns() if not _alive(int(ns[len(PREFIX) :].split("-", 1)[0]))]
+    cgroups = [cg for cg in owned_cgroups() if not _alive(int(cg.name.split("-")[1]))]
+    return netns, cgroups
+
+
 def sweep_stale() -> list[str]:
     """Remove what testbeds of launchers that no longer run left behind (a launcher
     killed with SIGKILL cannot clean up after itself). Returns what it removed."""
-    gone = [ns for ns in owned_netns() if not _alive(int(ns[len(PREFIX) :].split("-", 1)[0]))]
-    delete_netns(gone)
-    for cg in owned_cgroups():
-        if not _alive(int(cg.name.split("-")[1])):
-            _remove_cgroup(cg)
-            gone.append(str(cg))
-    return gone
+    netns, cgroups = stale()
+    delete_netns(netns)
+    for cg in cgroups:
+        _remove_cgroup(cg)
+    return [*netns, *map(str, cgroups)]
 
 
 def check_netns_possible() -> None:

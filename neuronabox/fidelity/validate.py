@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 import random
 import re
@@ -331,7 +332,7 @@ class Comparison:
         """Each repetition's other run against its own all-real run: the spread."""
         return [e / r - 1 for r, e in zip(self.real, self.other, strict=True)]
 
-    @property
+    @functools.cached_property
     def resolution(self) -> float | None:
         """The smallest error these repetitions resolve, from the all-real runs alone (see
         `no_difference_error`); None under 3 repetitions."""
