@@ -495,12 +495,17 @@ class Engine:
             clock = DrawnStart(timing, inst.kind, inst.nbytes, inst.schedule, inst.group.real, inst.group.name)
         seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,
                     timing is not None and timing.meter is not None, clock,
-                    timing.whatif.entry_delay(inst.kind) if timed and not drawn else 0.0, drawn)  # fmt: skip
+                    timing.whatif.entry_delay(inst.kind) if timed and not drawn else 0.0, drawn,
+                    shape.noted)  # fmt: skip
         self.starters.offer(seen, self.start_basis())
 
-    def adopt_started(self) -> None:
-        """The books the core started natively since the last turn get their instances
-        (the driver's turn, before the frames no book took)."""
+    def adopt_started(self, now: bool = True) -> None:
+        """The books the core started natively get their instances (the driver's turn, before
+        the frames no book took); `now` False: put off to a turn after the core's next pass."""
+        if not now:  # --skew auto measures the next gap from each end: told at once
+            ended = self.timing.ended if self.timing is not None and self.timing.skew.mode == "auto" else None
+            if self.starters.put_aside(ended, lambda slot: self.dialect.classify(slot)[1]):
+                return
         started = self.starters.take()
         if not started:  # every loop turn: nothing more to do unless the core started books
             return

@@ -128,12 +128,15 @@ class ObserverLink:
 
     def _on_noted(self, group: str, tag: int, kind: str, numel: int, dtype: str) -> None:
         """A real rank's call told its ring's size as it entered (neuronabox/observer/sizes.py),
-        before its first frame: kept for the instance's question. If the frame came first,
-        the question is out already, and the observer answers it from the same note."""
+        before its first frame: kept for the instance's question, and arming a native start
+        of that shape (controller/starts.py). If the frame came first, the question is out
+        already, and the observer answers it from the same note."""
         if dtype not in ELEM_SIZES:
             return  # the question, when it comes, is answered from the flight recorder
-        if kind == "all_reduce" and self._collides(group, numel, dtype):
-            self.engine.clear_starters()
+        if kind == "all_reduce":
+            if self._collides(group, numel, dtype):
+                self.engine.clear_starters()
+            self.engine.starters.arm(group, tag, numel, dtype)  # its instance may start natively
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]

@@ -5,12 +5,19 @@ pair; no observer's answer but a standing one, a DDP bucket's size, which the sa
 first frames always get) leaves a starter in the core (`Core.add_starter`): the next
 instance of its group with those first frames on that pair gets its book in C++, loaded
 with the recorded program and connected before the frames go in, so no Python runs
-before its messages flow. An allgather's block takes two notices: its starter is kept
-only for a program of one pair, where the core holds the first notice until the second
-matches (or hands both to Python, in order, when it does not). DDP repeats its buckets
-every step, a training loop its barriers and scalar allreduces: in steady state most
-instances start this way. Python adopts each
-such book at the driver's next turn (`Engine.adopt_started`), off the collective's path.
+before its messages flow. A ring whose size only its call's note told (a training loop's
+loss, a tiny or a large allreduce outside DDP) leaves an armed starter: it starts only
+an instance whose own call noted the same size (`Starters.arm`, as the note comes, ahead
+of the call's frames), never one whose first frames merely match, since an unnoted call
+(DDP's reducer, a functional collective) with the same first segment may be another size.
+An allgather's block takes two notices: its starter is kept only for a program of one
+pair, where the core holds the first notice until the second matches (or hands both to
+Python, in order, when it does not). DDP repeats its buckets every step, a training loop
+its barriers and scalar allreduces: in steady state most instances start this way.
+Python adopts each such book at the driver's next turn (`Engine.adopt_started`), off the
+collective's path; a turn for Python's events alone (a call's note, just ahead of the
+call's frames) puts the adoption off until the core has served what is ready
+(`Starters.put_aside`), telling --skew auto each end at once.
 
 A timed instance's book gets the template's native timeline moved to its own entry
 (`timeline.at(t0)`, in C++): the same release times as a timeline made in Python for it,
@@ -36,6 +43,7 @@ from .dialect import Dialect, Event, SendReady
 from .groups import Conn, Group
 
 STARTERS_KEPT = 256  # first frames a run keeps starters for; more: all are dropped, then relearned
+PUT_OFF_MAX = 64  # books started natively whose adoption waits for a turn after the core's next pass
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,7 @@ class Seen:
     timeline: object = None  # a native timeline (None: untimed), cloned to each start's entry
     entry_delay: float = 0.0  # the what-if's later entry for the collective
     drawn: bool = False  # `timeline` draws each start's own entry: at(t, tag) (release.DrawnStart)
+    armed: bool = False  # its shape came from the call's note: it starts only instances a note of it armed
 
 
 class Starters:
@@ -73,6 +82,9 @@ class Starters:
         self.core, self.dialect, self.conn_of = core, dialect, conn_of
         self.keys: set[tuple] = set()
         self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
+        self.arm_ids: dict[tuple[str, int, str], int] = {}  # (group, numel, dtype) told -> the arm of its starters
+        self._next_arm = 0
+        self.put_off: list[list] = []  # [template, book, end told] of books taken, not adopted yet
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -93,25 +105,61 @@ class Starters:
         conn = seen.first[0][0]
         mask, value, tag_shift, tag_mask = self.dialect.slot_pattern(seen.slot)
         frames = [(isinstance(ev, SendReady), ev.length) for _, ev in seen.first]
-        key = (conn.group.name, conn.real, conn.emu, value, tuple(frames))
         tpl = seen.template
+        told = (conn.group.name, tpl.told[0], tpl.told[2]) if seen.armed else None
+        key = (conn.group.name, conn.real, conn.emu, value, tuple(frames), told)
         conns = [self.conn_of(tpl.group, r, e) for r, e in tpl.pairs]
         if key in self.keys or any(c is None for c in conns) or (len(frames) > 1 and len(tpl.pairs) != 1):
             return
         if len(self.keys) >= STARTERS_KEPT:
             self.clear()
+        arm = -1
+        if told is not None:
+            arm = self.arm_ids.get(told, -1)
+            if arm < 0:
+                arm = self.arm_ids[told] = self._next_arm
+                self._next_arm += 1
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
-            head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn,
+            head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn, arm,
         )  # fmt: skip
         self.keys.add(key)
 
+    def arm(self, group: str, tag: int, numel: int, dtype: str) -> None:
+        """A call of `group` noted its ring's size as it entered (before its first frame): the
+        instance of `tag` may start from a starter of that told shape. A frame alone never
+        starts a told shape: an unnoted call with the same first frames (a functional
+        collective, DDP's unused-parameter map) may be of another size."""
+        arm = self.arm_ids.get((group, numel, dtype))
+        if arm is not None:
+            self.core.arm(arm, tag)
+
     def take(self) -> Sequence[tuple[StartTemplate, Book]]:
-        """The books started since the last call, with their templates."""
-        return self.core.take_started()
+        """The books started since the last call and those put off, with their templates."""
+        started = self.core.take_started()
+        if not self.put_off:
+            return started
+        put_off, self.put_off = self.put_off, []
+        return [(tpl, book) for tpl, book, _ in put_off] + list(started)
+
+    def put_aside(self, ended: Callable[[str, int, dict], None] | None, tag_of: Callable[[int], int]) -> bool:
+        """Take the books started since the last call without adopting them (a turn for
+        Python's events alone: a call's note comes just ahead of the call's frames, and
+        adoption is put off until the core has served them); `ended(group, tag, rank_times)`
+        hears of each complete one at once (--skew auto measures the next gap from it). False
+        once PUT_OFF_MAX wait: adopt now."""
+        self.put_off.extend([tpl, book, False] for tpl, book in self.core.take_started())
+        if ended is not None:
+            for entry in self.put_off:
+                tpl, book, told = entry
+                if not told and book.remaining == 0:
+                    entry[2] = True
+                    ended(tpl.group.name, tag_of(book.slot), book.rank_times())
+        return len(self.put_off) < PUT_OFF_MAX
 
     def clear(self) -> None:
         """No native start until instances offer starters again."""
         self.core.clear_starters()
         self.keys.clear()
+        self.arm_ids.clear()

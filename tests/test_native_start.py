@@ -44,12 +44,13 @@ def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
     assert not any(i.get("native_start") for i in python)
     assert native_end["starts"] == {"native": len(started), "python": len(native) - len(started)}
     assert python_end["starts"] == {"native": 0, "python": len(python)}
-    # A ring allreduce's first notice settles it where its segments are long enough (the
-    # observer is asked for the 7-element ones), and the script repeats its sizes: a later
-    # repetition starts natively when its first frame comes on a pair where a Python start's
-    # first frame came (either real rank's may come first; five repetitions make one).
+    # A ring allreduce's first notice settles it where its segments are long enough, and the
+    # call's note (armed in the core as it comes, ahead of the frames) where they are not (the
+    # 7-element ones); the script repeats its sizes: a later repetition starts natively when
+    # its first frame comes on a pair where a Python start's first frame came (either real
+    # rank's may come first; five repetitions make one for each size and dtype).
     allreduces = Counter(i["nbytes"] for i in started if i["kind"] == "allreduce")
-    assert allreduces and set(allreduces) <= {1024 * 4, 1024 * 8, 33000 * 4, 33000 * 8}, allreduces
+    assert {7 * 4, 7 * 8} <= set(allreduces) <= {7 * 4, 7 * 8, 1024 * 4, 1024 * 8, 33000 * 4, 33000 * 8}, allreduces
     assert Counter(i["kind"] for i in started)["barrier"] >= 1
     for inst in started:  # its times are the book's own
         entered = min(a for a, _ in inst["per_rank"].values())
@@ -119,3 +120,18 @@ def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
     assert got["allreduce"]["min_s"] >= 6e-3, got  # no repetition ends before the emulated ranks enter
     spans = [b - a for i in started for a, b in i["per_rank"].values()]
     assert min(spans) >= 6e3, spans  # microseconds
+
+
+def test_a_told_shape_starts_natively_only_where_the_call_noted_it(tmp_path):
+    """A ring whose size only the call's note tells starts natively from the note's arm, never
+    from its first frame alone: an unnoted allreduce (the process group's own method, as DDP's
+    reducer or a functional collective calls it) with the same first frame goes to Python,
+    which asks the observer, and every result is right."""
+    trace = tmp_path / "told.jsonl"
+    res = nbx("torchrun", "--nnodes", "2", "--delay-model", "zero", "--trace", str(trace),
+              str(SCRIPTS / "told_and_unnoted.py"), "8")  # fmt: skip
+    assert res.rc == 0 and "all checks passed" in res.out, res.err[-3000:]
+    allreduces = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce"]
+    native = Counter(i["nbytes"] for i in allreduces if i.get("native_start"))
+    assert Counter(i["nbytes"] for i in allreduces) == {7 * 4: 8, 6 * 4: 8}, allreduces
+    assert native[7 * 4] >= 6 and native[6 * 4] == 0, native  # the first noted one, and any after a refit, from Python

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <deque>
 #include <new>
 #include <unordered_map>
 #include <string>
@@ -182,6 +183,10 @@ struct Starter {
   PyObject* timeline;       // strong, or null (untimed): a native timeline; each start takes at(t + entry_delay)
   double entry_delay;       // the what-if's later entry for the collective
   bool drawn;               // `timeline` draws each start's entry: at(t + entry_delay, tag) makes a native one
+  // -1: its first frames alone start it. Else a shape the wire leaves open (a ring whose size
+  // only the call's note tells): it starts only an instance whose tag was armed with this id
+  // (Core.arm), as the note of a call of that shape arrives before the call's first frame.
+  int64_t arm;
 };
 
 // A slot's first frames on a pair, held while they are a prefix of a starter's frames.
@@ -197,6 +202,7 @@ struct CoreObject {
   std::vector<Starter>* starters;  // native starts (add_starter)
   std::vector<std::pair<PyObject*, PyObject*>>* started;  // (token, book), strong: started natively, not yet adopted
   std::vector<Pending>* pending;  // first frames held for a starter of several
+  std::deque<std::pair<int64_t, uint64_t>>* arms;  // (arm id, tag): instances a note armed (arm()), oldest first
   int ep;  // the loop's epoll (-1 until the first watch)
   std::unordered_map<int, Watched>* watched;  // fd -> its pair
   uint64_t seq;
@@ -246,11 +252,12 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     self->starters = new (std::nothrow) std::vector<Starter>();
     self->started = new (std::nothrow) std::vector<std::pair<PyObject*, PyObject*>>();
     self->pending = new (std::nothrow) std::vector<Pending>();
+    self->arms = new (std::nothrow) std::deque<std::pair<int64_t, uint64_t>>();
     self->ep = -1;
     self->pyfd = -1;
   }
   if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr ||
-      self->pending == nullptr) {
+      self->pending == nullptr || self->arms == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -316,8 +323,9 @@ void drop_pending(CoreObject* self) {
   }
 }
 
-// Forgets every native start (their pairs no longer ask this core).
+// Forgets every native start (their pairs no longer ask this core), and the arms for them.
 void drop_starters(CoreObject* self) {
+  if (self->arms != nullptr) self->arms->clear();
   if (self->starters == nullptr) return;
   std::vector<Starter> gone = std::move(*self->starters);
   self->starters->clear();
@@ -377,6 +385,7 @@ void core_dealloc(PyObject* obj) {
   delete self->starters;
   delete self->started;
   delete self->pending;
+  delete self->arms;
   if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
@@ -615,6 +624,7 @@ constexpr int kPythonFirst = 8;  // answers in a row that may serve Python befor
 constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this close to a timer, then poll
 constexpr int kMaxEvents = 64;
 constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
+constexpr size_t kArmsKept = 256;   // notes' arms for instances not started yet (arm)
 
 // One pair socket's readiness, served natively; what Python must see goes into `out`.
 // `ready_at`: when epoll reported it (see core_wait).
@@ -770,7 +780,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 Program* program_of(PyObject* obj);
 
 // add_starter(conn, index, mask, value, frames, tag_shift, tag_mask, head, tail, program, conns, turnarounds,
-//             token, timeline, entry_delay, drawn=False)
+//             token, timeline, entry_delay, drawn=False, arm=-1)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   PyObject *conn, *frames_list, *program, *conns, *token, *timeline;
@@ -780,9 +790,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   const char *head, *tail;
   double entry_delay;
   int drawn = 0;
-  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|p", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+  long long arm = -1;
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pL", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
                         &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
-                        &token, &timeline, &entry_delay, &drawn)) {
+                        &token, &timeline, &entry_delay, &drawn, &arm)) {
     return nullptr;
   }
   std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
@@ -829,7 +840,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Starter st{po, static_cast<size_t>(index), mask, value, std::move(frames), tag_shift, tag_mask,
              head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
-             entry_delay, drawn != 0};
+             entry_delay, drawn != 0, arm < 0 ? -1 : static_cast<int64_t>(arm)};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
     PyObject* c = PyList_GET_ITEM(conns, i);
     Py_INCREF(c);
@@ -840,6 +851,24 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   Py_XINCREF(st.timeline);
   po->starts = obj;  // the reference GetAttr gave is the starter's
   self->starters->push_back(std::move(st));
+  Py_RETURN_NONE;
+}
+
+// arm(id, tag): the instance of this tag may start from a starter added with `arm=id`
+// (the note of its call told the shape that starter has). The oldest arms go first: a
+// note whose instance started from Python, or another real rank's note of an instance
+// already started, is never asked for again.
+PyObject* core_arm(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  long long id;
+  unsigned long long tag;
+  if (!PyArg_ParseTuple(args, "LK", &id, &tag)) return nullptr;
+  if (self->arms == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
+    return nullptr;
+  }
+  if (self->arms->size() >= kArmsKept) self->arms->pop_front();
+  self->arms->emplace_back(static_cast<int64_t>(id), static_cast<uint64_t>(tag));
   Py_RETURN_NONE;
 }
 
@@ -874,12 +903,17 @@ PyObject* core_take_started(PyObject* obj, PyObject*) {
 PyMethodDef core_methods[] = {
     {"add_starter", core_add_starter, METH_VARARGS,
      "add_starter(conn, index, mask, value, send_ready, length, tag_shift, tag_mask, head, tail, program, conns, "
-     "turnarounds, token, timeline, entry_delay, drawn=False): a first notice of this kind and length on conn's pair, "
-     "for a slot with slot & mask == value and no book, starts a book natively: named head + tag + tail, released by "
+     "turnarounds, token, timeline, entry_delay, drawn=False, arm=-1): a first notice of this kind and length on "
+     "conn's pair, for a slot with slot & mask == value and no book (and, with arm >= 0, a tag armed with that id: "
+     "arm()), starts a book natively: named head + tag + tail, released by "
      "timeline.at(now + entry_delay) (drawn: at(now + entry_delay, tag), the start's own draws; None: untimed), "
      "`program` loaded, `conns` (one per program pair; `index` is "
      "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
-    {"clear_starters", core_clear_starters, METH_NOARGS, "clear_starters(): no native start from now on."},
+    {"clear_starters", core_clear_starters, METH_NOARGS,
+     "clear_starters(): no native start from now on (and no arm left)."},
+    {"arm", core_arm, METH_VARARGS,
+     "arm(id, tag): the instance of this tag may start from a starter added with arm=id; the oldest of a few "
+     "hundred arms go first."},
     {"polled", core_polled, METH_NOARGS,
      "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
     {"take_started", core_take_started, METH_NOARGS,
@@ -1765,9 +1799,14 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? held->events[i] : ev; };
   const Starter* exact = nullptr;
   bool prefix = false;
+  auto arm_of = [&](const Starter& st) {  // the arm that lets `st` start this slot (end(): none)
+    const uint64_t tag = (ev.slot >> st.tag_shift) & st.tag_mask;
+    return std::find(core->arms->begin(), core->arms->end(), std::make_pair(st.arm, tag));
+  };
   if (ev.kind != gloo::EventKind::kData) {
     for (const Starter& st : *core->starters) {
       if (st.pair != po || (ev.slot & st.mask) != st.value || st.frames.size() < n) continue;
+      if (st.arm >= 0 && arm_of(st) == core->arms->end()) continue;  // no note told this instance that shape
       bool same = true;
       for (size_t i = 0; same && i < n; ++i) {
         same = st.frames[i].first == frame(i).kind && st.frames[i].second == frame(i).length;
@@ -1790,6 +1829,7 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
     pend.erase(held);
   }
   if (exact != nullptr) {
+    if (exact->arm >= 0) core->arms->erase(arm_of(*exact));
     events.push_back(std::move(ev));
     return start_book(core, *exact, events, now) ? 1 : -1;  // it copies the starter before any Python can run
   }
