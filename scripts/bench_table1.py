@@ -17,8 +17,12 @@ real rank for every ring size the wire leaves open (from 4 MiB here), answered f
 of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NOTES=0).
 --realtime runs every real rank of both sides in the real-time class (SCHED_RR 1, as
 `neuronabox torchrun --realtime` does): this VM's tick stalls then leave the medians too.
+--noise-floor adds a second all-real run to the rotation, compared with the first as the
+emulated one is: the "overhead" two all-real runs show with no emulator at all. Each fresh
+launch of the same pair runs at a speed of its own on this VM (docs/fidelity.md, "Fresh
+launches"), so a cell whose floor is several percent cannot resolve a smaller overhead.
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes] [--realtime]
+       [--recorder-sizes] [--realtime] [--noise-floor]
 """
 
 from __future__ import annotations
@@ -133,17 +137,20 @@ def main() -> None:
         "--recorder-sizes", action="store_true", help="also run with open ring sizes asked of the flight recorder"
     )
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
+    ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     args = ap.parse_args()
     refs = [name for name in REFERENCES if getattr(args, name)]
+    floor = ["floor"] if args.noise_floor else []
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows, rt = [], args.realtime
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         for nbytes in sizes:
-            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs)}
+            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs, *floor)}
             order = [("real", lambda n: all_real(n, rt)), ("emu", lambda n: emulated(n, placement, realtime=rt))]
             order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1], rt)) for r in refs]
+            order += [("floor", lambda n: all_real(n, rt)) for _ in floor]
             for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
                 turn = rep % len(order)
                 for mode, run in order[turn:] + order[:turn]:
@@ -160,8 +167,9 @@ def main() -> None:
 
     head = "all-real ms (range) | emulated ms (range) | overhead | best rep all-real / emulated ms | overhead"
     extra = "".join(f" best rep, {REFERENCES[r][0]} ms | overhead |" for r in refs)
+    extra += "".join(" all-real again ms (range) | noise floor | best rep | noise floor |" for _ in floor)
     print(f"| collective | size | {head} |{extra}")
-    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(refs))
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(refs) + "---:|---:|---:|---:|" * len(floor))
     for kind, nbytes, got in sorted(rows, key=lambda r: (r[0], r[1])):
         a, e = [r["median_s"] for r in got["real"]], [r["median_s"] for r in got["emu"]]
         ba, be = [r["min_s"] for r in got["real"]], [r["min_s"] for r in got["emu"]]
@@ -170,6 +178,9 @@ def main() -> None:
         for r in refs:
             bp = [x["min_s"] for x in got[r]]
             line += f" {statistics.median(bp) * 1e3:.3f} | {over(ba, bp)} |"
+        for r in floor:
+            f, bf = [x["median_s"] for x in got[r]], [x["min_s"] for x in got[r]]
+            line += f" {ms(f)} | {over(a, f)} | {statistics.median(bf) * 1e3:.3f} | {over(ba, bf)} |"
         print(line)
 
 
