@@ -122,6 +122,7 @@ class Controller:
             on_dtypes=self.recorder.on_dtypes,
             on_loaded=lambda rank: self.watchdog.expect(rank, time.monotonic()),
         )
+        self.membership.on_generation = self.observers.forget_notes
         driver.accept_router = self.membership.may_dial_in
         driver.log = self.log
         driver.periodic = self._periodic
@@ -216,6 +217,8 @@ class Controller:
         t = threading.Thread(target=self.membership.rendezvous, name="rendezvous", daemon=True)
         t.start()
         self.driver.run()
+        if self.driver.error is None:  # the loop's last turn (its wake-up, Python's) may have put adoption off
+            self.driver.engine.adopt_started()
         self.driver.engine.publish_finished()
         if self.driver.error is not None and not self.lifecycle.error:
             self.fail(self.driver.error)

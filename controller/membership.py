@@ -91,6 +91,7 @@ class Membership:
         self._on_joined = on_joined
         self._on_error = on_error
         self._after_store_open = after_store_open
+        self.on_generation: Callable[[], None] = lambda: None  # a new generation reset the engine (the observer link's)
         world = cfg.world_size
         self.default = Group("0", world, RealRanks(cfg.real_ranks, world))
         self.groups: dict[str, Group] = {"0": self.default}
@@ -209,6 +210,7 @@ class Membership:
         if gen > max(self._generation_of.values(), default=0):  # the first of its generation
             self.engine.reset()
             self.groups = {"0": self.default}
+            self.on_generation()
         self._generation_of[r] = gen
         self._records[r] = raw
         self._left.discard(r)

@@ -141,6 +141,12 @@ class ObserverLink:
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]
 
+    def forget_notes(self) -> None:
+        """A new generation numbers its calls from the start again: a note kept from the old
+        one (an instance that started natively never asks for its note) would answer the new
+        call of the same tag."""
+        self._noted.clear()
+
     def _on_buckets(self, group: str, sizes: list[tuple[int, str]]) -> None:
         """A real rank's DDP model's gradient buckets on `group` (neuronabox/observer/sizes.py)."""
         known = self._buckets.setdefault(group, set())
