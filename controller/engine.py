@@ -499,13 +499,9 @@ class Engine:
                     shape.noted)  # fmt: skip
         self.starters.offer(seen, self.start_basis())
 
-    def adopt_started(self, now: bool = True) -> None:
-        """The books the core started natively get their instances (the driver's turn, before
-        the frames no book took); `now` False: put off to a turn after the core's next pass."""
-        if not now:  # --skew auto measures the next gap from each end: told at once
-            ended = self.timing.ended if self.timing is not None and self.timing.skew.mode == "auto" else None
-            if self.starters.put_aside(ended, lambda slot: self.dialect.classify(slot)[1]):
-                return
+    def adopt_started(self) -> None:
+        """The books the core started natively since the last turn get their instances
+        (the driver's turn, before the frames no book took)."""
         started = self.starters.take()
         if not started:  # every loop turn: nothing more to do unless the core started books
             return

@@ -217,8 +217,6 @@ class Controller:
         t = threading.Thread(target=self.membership.rendezvous, name="rendezvous", daemon=True)
         t.start()
         self.driver.run()
-        if self.driver.error is None:  # the loop's last turn (its wake-up, Python's) may have put adoption off
-            self.driver.engine.adopt_started()
         self.driver.engine.publish_finished()
         if self.driver.error is not None and not self.lifecycle.error:
             self.fail(self.driver.error)

@@ -15,9 +15,7 @@ pair, where the core holds the first notice until the second matches (or hands b
 Python, in order, when it does not). DDP repeats its buckets every step, a training loop
 its barriers and scalar allreduces: in steady state most instances start this way.
 Python adopts each such book at the driver's next turn (`Engine.adopt_started`), off the
-collective's path; a turn for Python's events alone (a call's note, just ahead of the
-call's frames) puts the adoption off until the core has served what is ready
-(`Starters.put_aside`), telling --skew auto each end at once.
+collective's path.
 
 A timed instance's book gets the template's native timeline moved to its own entry
 (`timeline.at(t0)`, in C++): the same release times as a timeline made in Python for it,
@@ -43,7 +41,6 @@ from .dialect import Dialect, Event, SendReady
 from .groups import Conn, Group
 
 STARTERS_KEPT = 256  # first frames a run keeps starters for; more: all are dropped, then relearned
-PUT_OFF_MAX = 64  # books started natively whose adoption waits for a turn after the core's next pass
 
 
 @dataclass(frozen=True)
@@ -84,7 +81,6 @@ class Starters:
         self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
         self.arm_ids: dict[tuple[str, int, str], int] = {}  # (group, numel, dtype) told -> the arm of its starters
         self._next_arm = 0
-        self.put_off: list[list] = []  # [template, book, end told] of books taken, not adopted yet
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -136,27 +132,8 @@ class Starters:
             self.core.arm(arm, tag)
 
     def take(self) -> Sequence[tuple[StartTemplate, Book]]:
-        """The books started since the last call and those put off, with their templates."""
-        started = self.core.take_started()
-        if not self.put_off:
-            return started
-        put_off, self.put_off = self.put_off, []
-        return [(tpl, book) for tpl, book, _ in put_off] + list(started)
-
-    def put_aside(self, ended: Callable[[str, int, dict], None] | None, tag_of: Callable[[int], int]) -> bool:
-        """Take the books started since the last call without adopting them (a turn for
-        Python's events alone: a call's note comes just ahead of the call's frames, and
-        adoption is put off until the core has served them); `ended(group, tag, rank_times)`
-        hears of each complete one at once (--skew auto measures the next gap from it). False
-        once PUT_OFF_MAX wait: adopt now."""
-        self.put_off.extend([tpl, book, False] for tpl, book in self.core.take_started())
-        if ended is not None:
-            for entry in self.put_off:
-                tpl, book, told = entry
-                if not told and book.remaining == 0:
-                    entry[2] = True
-                    ended(tpl.group.name, tag_of(book.slot), book.rank_times())
-        return len(self.put_off) < PUT_OFF_MAX
+        """The books started since the last call, with their templates."""
+        return self.core.take_started()
 
     def clear(self) -> None:
         """No native start until instances offer starters again."""

@@ -612,23 +612,3 @@ def serve_holding(side, key, last, held):
             held[key] = side.mirror[key].take()
         else:
             side.say(*key)
-
-
-def test_an_adoption_put_off_tells_each_end_at_once_and_adopts_later():
-    """A turn for Python's events alone puts adoption off (the driver: a call's note comes
-    just ahead of that call's frames, whose native start goes first): the books wait, each
-    complete one's end is told once, at once (--skew auto measures the next gap from it),
-    and the next full turn adopts them as an immediate adoption would."""
-    sched, side = ring_played_once(3)
-    side.slot = make_slot(SlotPrefix.ALLREDUCE, 4)
-    side.sends, side.got, side.credits = {}, {}, {}
-    side.start()
-    side.pump()  # #4 starts natively and completes
-    told = []
-    tag_of = lambda slot: side.engine.dialect.classify(slot)[1]  # noqa: E731
-    for _ in range(2):  # a second such turn tells nothing new
-        assert side.engine.starters.put_aside(lambda *end: told.append(end), tag_of)
-    assert len(side.completed) == 1 and not side.engine.instances
-    assert [(g, tag) for g, tag, _ in told] == [("0", 4)] and told[0][2][0][1] > 0, told
-    side.engine.adopt_started()
-    assert len(side.completed) == 2 and side.completed[-1].native and not side.engine.starters.put_off

@@ -23,7 +23,6 @@ time) is dropped with one line on stderr, and never ends or stalls the run.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import select
@@ -125,7 +124,7 @@ class GlooDriver:
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
         self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
-        self._adopt: Callable[[bool], None] | None = getattr(self.engine, "adopt_started", None)
+        self._adopt: Callable[[], None] | None = getattr(self.engine, "adopt_started", None)
         self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
@@ -256,15 +255,13 @@ class GlooDriver:
     # -- loop -----------------------------------------------------------------------
     def run(self) -> None:
         try:
-            put_off = False  # after a note (its call's frames just behind it): adopt once nothing is ready
             while self.running:
                 behind = self.idle_work is not None and self.idle_pending()
-                frames, python = self.core.wait(self._until(), behind or put_off, 0.0 if put_off else self.busy_poll_s)
+                frames, python = self.core.wait(self._until(), behind, self.busy_poll_s)
                 if self._adopt is not None:  # books the core started natively, before the frames no book took
-                    self._adopt(bool(frames) or not python)
-                if behind and not frames and not python and not put_off:  # nothing ready: the loop's idle turn
+                    self._adopt()
+                if behind and not frames and not python:  # nothing ready: the loop's idle turn
                     self.idle_work()
-                put_off = python and not frames
                 for conn, events in frames:
                     self._frames(conn, events)
                 if python:
@@ -292,9 +289,11 @@ class GlooDriver:
             self.running = False
 
     def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
+        try:
             while self._wake_r.recv(4096):
                 pass
+        except BlockingIOError:
+            pass
 
     def _drain_calls(self) -> None:
         while self._calls:
