@@ -474,9 +474,10 @@ class Engine:
         inst.native = True
         inst.schedule, inst.book = tpl.schedule, book
         inst.pairs = {pair: i for i, pair in enumerate(tpl.pairs)}
-        inst.predicted = tpl.predicted
         if self.timing is not None:
-            inst.work = self.timing.measured(self.timing.work_at(g.name, tag))
+            work = self.timing.work_at(g.name, tag)
+            inst.work = self.timing.measured(work)
+            inst.predicted = tpl.prediction(self.timing, self.start_basis(), kind, work)
         return inst
 
     def offer_start(self, inst: Instance, clock: object, frames: list) -> None:
@@ -490,7 +491,7 @@ class Engine:
         drawn = timed and timing.skew.mode != "none"  # each start draws its own entry (release.DrawnStart)
         shape = inst.shape
         tpl = StartTemplate(inst.group, inst.schedule, inst.geometry, inst.nbytes, tuple(inst.pairs), inst.predicted,
-                            (shape.numel, shape.elem, shape.dtype))  # fmt: skip
+                            (shape.numel, shape.elem, shape.dtype), self.start_basis())  # fmt: skip
         if drawn:
             clock = DrawnStart(timing, inst.kind, inst.nbytes, inst.schedule, inst.group.real, inst.group.name)
         seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,

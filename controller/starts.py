@@ -21,24 +21,35 @@ A timed instance's book gets the template's native timeline moved to its own ent
 (`timeline.at(t0)`, in C++): the same release times as a timeline made in Python for it,
 as long as nothing but the entry differs, so only without jitter, and only while the
 what-if and the charged local work stay those the template was made under (its `basis`;
-either changing drops every starter). Under drawn skew (`--skew auto|FILE`) each start
+either changing drops every such starter). Under drawn skew (`--skew auto|FILE`) each start
 has its own draws: the starter's timeline is then `release.DrawnStart`, which the core
 calls with the start's entry and tag to make the instance's timeline as a Python start
-would (the skew's draw, seeded by the tag, and its bookkeeping of the place). Emulated payloads must be the book's
-own (no mirrored input, no reduce whose root a later frame names). A closed pair or a
-new generation drops them too.
+would (the skew's draw, seeded by the tag, and its bookkeeping of the place), from the
+timing of the moment: a refit of the measured local work (every 5 to 8 steps of a
+Lightning job) keeps such starters, and the adopted instance's model is priced again
+(`StartTemplate.prediction`); a what-if still drops them. Emulated payloads must be the
+book's own (no mirrored input, no reduce whose root a later frame names). A closed pair
+or a new generation drops them too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from neuronabox.schedules.gloo import Schedule
 
 from .book import Book, Core, Pair, Program
 from .dialect import Dialect, Event, SendReady
 from .groups import Conn, Group
+
+if TYPE_CHECKING:
+    from neuronabox.topology import HostWork
+
+    from neuronabox.schedules import Kind
+
+    from .release import ReleaseTiming
 
 STARTERS_KEPT = 256  # first frames a run keeps starters for; more: all are dropped, then relearned
 
@@ -54,6 +65,19 @@ class StartTemplate:
     pairs: tuple[Pair, ...]  # the program's pairs, by index
     predicted: float = 0.0  # the model's time for the shape, as Python priced it
     told: tuple[int | None, int | None, str | None] = (None, None, None)  # the ring's numel, elem, dtype if told
+    basis: tuple = ()  # what `predicted` was priced under (the what-if, the local work)
+
+    def prediction(self, timing: ReleaseTiming, basis: tuple, kind: Kind, work: HostWork | None) -> float:
+        """The model's time for an instance started now: the template's, or, where a refit of
+        the local work came since (a drawn starter outlives it), priced again."""
+        if same_basis(basis, self.basis):
+            return self.predicted
+        return timing.predicted(kind, self.nbytes, self.schedule, self.group.real.sorted[0], work)
+
+
+def same_basis(a: tuple, b: tuple) -> bool:
+    """Whether two bases are the same objects (each part is replaced whole when it changes)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 @dataclass(frozen=True)
@@ -81,15 +105,21 @@ class Starters:
         self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
         self.arm_ids: dict[tuple[str, int, str], int] = {}  # (group, numel, dtype) told -> the arm of its starters
         self._next_arm = 0
+        self.fixed = False  # a starter holds a timeline made under `basis`, moved to each start's entry
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def keep_if(self, basis: tuple) -> None:
-        """Drop every starter unless they were made under `basis` (the same objects)."""
-        same = len(basis) == len(self.basis) and all(a is b for a, b in zip(basis, self.basis, strict=True))
-        if self.keys and not same:
-            self.clear()
+        """Drop every starter unless they were made under `basis` (the same objects: the
+        what-if, the local work). A refit of the local work alone keeps them where each makes
+        its timeline as it starts, from the timing of the moment (drawn skew:
+        release.DrawnStart), or has none; a what-if may bring jitter, which no native start
+        draws."""
+        if self.keys and not same_basis(basis, self.basis):
+            if self.fixed or not same_basis(basis[:-1], self.basis[:-1]):
+                self.clear()
+        self.basis = basis
 
     def offer(self, seen: Seen, basis: tuple = ()) -> None:
         """The next instance with `seen`'s first frames starts natively, if every pair of
@@ -97,7 +127,6 @@ class Starters:
         than one frame, its program has that one pair; `basis`: what its timeline was made
         under."""
         self.keep_if(basis)
-        self.basis = basis
         conn = seen.first[0][0]
         mask, value, tag_shift, tag_mask = self.dialect.slot_pattern(seen.slot)
         frames = [(isinstance(ev, SendReady), ev.length) for _, ev in seen.first]
@@ -121,6 +150,7 @@ class Starters:
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn, arm,
         )  # fmt: skip
         self.keys.add(key)
+        self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)
 
     def arm(self, group: str, tag: int, numel: int, dtype: str) -> None:
         """A call of `group` noted its ring's size as it entered (before its first frame): the
@@ -140,3 +170,4 @@ class Starters:
         self.core.clear_starters()
         self.keys.clear()
         self.arm_ids.clear()
+        self.fixed = False

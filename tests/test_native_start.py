@@ -57,12 +57,12 @@ def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
         assert inst["start_us"] <= entered <= inst["end_us"], inst
 
 
-def loop(tmp_path, name: str, *launch: str) -> tuple[list[dict], dict, dict]:
+def loop(tmp_path, name: str, *launch: str, reps: int = 20) -> tuple[list[dict], dict, dict]:
     """collective_loop's allreduce and barrier at W = 2: the trace's instances and footer,
     and the real rank's RESULT (per kind: median_s, min_s, mean_s)."""
     trace = tmp_path / f"{name}.jsonl"
     argv = ("--nnodes", "2", *launch, "--trace", str(trace), LOOP, "--kinds", "allreduce,barrier", "--bytes", "4096",
-            "--reps", "20")  # fmt: skip
+            "--reps", str(reps))  # fmt: skip
     res = nbx("torchrun", *argv)
     assert res.rc == 0, res.err[-3000:]
     line = next(ln for ln in res.out.splitlines() if ln.startswith("RESULT "))
@@ -72,14 +72,32 @@ def loop(tmp_path, name: str, *launch: str) -> tuple[list[dict], dict, dict]:
 def test_a_timed_native_start_keeps_the_model_and_the_whatif(tmp_path):
     """A timed instance starts natively with the template's native timeline moved to its own
     entry: +2 ms of later entry still holds every allreduce of the real rank, and the trace
-    prices natively started instances as Python-started ones."""
+    prices natively started instances as Python-started ones (the local work the topology's,
+    so that no refit moves the price within the run)."""
     inject = ("--inject", "latency=+2ms,per=collective,op=allreduce")
-    instances, footer, got = loop(tmp_path, "timed", "--delay-model", "zero", *inject)
+    instances, footer, got = loop(tmp_path, "timed", "--delay-model", "zero", "--local-work", "topology", *inject)
     started = [i for i in instances if i.get("native_start")]
     assert footer["starts"]["native"] == len(started) >= 30, footer  # 23 of each kind, the first of each in Python
     assert got["allreduce"]["min_s"] >= 2e-3, got  # no repetition ends before the emulated ranks enter
     models = {(i["kind"], bool(i.get("native_start"))): i["model_us"] for i in instances if i["kind"] == "allreduce"}
     assert models[("allreduce", True)] == models[("allreduce", False)] >= 2000, models
+
+
+def test_a_refit_keeps_the_drawn_starters_and_reprices_their_instances(tmp_path):
+    """Under drawn skew (the default) a native start makes its timeline from the timing of
+    the moment, so a refit of the measured local work keeps the starters: after the first
+    Python start of each kind every instance starts natively, and the natively started
+    allreduces are priced under the charge that came since their template was made (the
+    measured local work's fit rises over a run's first hundred or so collectives: several
+    refits, each of which dropped every starter before)."""
+    inject = ("--inject", "latency=+2ms,per=collective,op=allreduce")
+    instances, footer, _ = loop(tmp_path, "refit", "--delay-model", "zero", "--local-work", "measured", *inject,
+                                reps=150)  # fmt: skip
+    allreduces = [i for i in instances if i["kind"] == "allreduce"]
+    native = [i["model_us"] for i in allreduces if i.get("native_start")]
+    python = [i for i in allreduces if not i.get("native_start")]
+    assert len(python) <= 2, [(i["seq"], i["model_us"]) for i in python]  # the first, and at most a straggler
+    assert min(native) >= 2000 and max(native) > allreduces[0]["model_us"], allreduces[:3]  # charged since
 
 
 def test_jitter_keeps_every_start_in_python(tmp_path):
