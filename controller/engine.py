@@ -497,7 +497,7 @@ class Engine:
         seen = Seen(inst.slot, str(inst.kind), tuple(frames), tpl, inst.program,
                     timing is not None and timing.meter is not None, clock,
                     timing.whatif.entry_delay(inst.kind) if timed and not drawn else 0.0, drawn,
-                    shape.noted)  # fmt: skip
+                    shape.told is not None and not shape.told.standing)  # fmt: skip
         self.starters.offer(seen, self.start_basis())
 
     def adopt_started(self) -> None:

@@ -101,8 +101,7 @@ class ShapeInference:
         self.numel: int | None = None  # the tensor's element count, size and dtype, when the observer told them
         self.elem: int | None = None
         self.dtype: str | None = None
-        self.standing = False  # the size came from a standing answer (Told.standing)
-        self.noted = False  # ... or from this call's own note (a Told that is not standing)
+        self.told: Told | None = None  # the size as told before any question (a note, or a standing answer)
 
     # -- transitions, in one place -------------------------------------------------------
     def _move_question(self, to: Question) -> None:
@@ -174,13 +173,12 @@ class ShapeInference:
         """The frames that alone gave the schedule, in order, when they are notices on one
         pair and neither a question nor a grace period had a part (a standing answer, which
         the same frames get again, may; so may the call's own note, for an instance whose
-        call notes the same shape: `noted`): another instance with those first frames on that
+        call notes the same shape: `told`): another instance with those first frames on that
         pair has this shape (a native start, controller/starts.py; an allgather's block
         takes two notices). None otherwise. A reduce's root comes from a later frame."""
         frames = [f for evs in self.notices.values() for f in evs]
-        told = self.question is Question.ANSWERED and (self.standing or self.noted)
         if (
-            not (self.question is Question.NOT_ASKED or told)
+            not (self.question is Question.NOT_ASKED or (self.question is Question.ANSWERED and self.told is not None))
             or self.grace is not Grace.NOT_STARTED
             or self.kind == Kind.REDUCE
             or len({id(conn) for conn, _ in frames}) != 1
@@ -317,8 +315,7 @@ class ShapeInference:
         if not certain and self.question is Question.NOT_ASKED:
             asked = self._ask_observer(self.first[0].real, seg)
             if isinstance(asked, tuple):
-                self.standing = isinstance(asked, Told) and asked.standing
-                self.noted = isinstance(asked, Told) and not asked.standing
+                self.told = asked if isinstance(asked, Told) else None
                 return self.from_meta(asked[0], asked[1], asked[2])
             if asked:
                 return None

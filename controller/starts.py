@@ -104,7 +104,6 @@ class Starters:
         self.keys: set[tuple] = set()
         self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
         self.arm_ids: dict[tuple[str, int, str], int] = {}  # (group, numel, dtype) told -> the arm of its starters
-        self._next_arm = 0
         self.fixed = False  # a starter holds a timeline made under `basis`, moved to each start's entry
 
     def __len__(self) -> int:
@@ -138,12 +137,7 @@ class Starters:
             return
         if len(self.keys) >= STARTERS_KEPT:
             self.clear()
-        arm = -1
-        if told is not None:
-            arm = self.arm_ids.get(told, -1)
-            if arm < 0:
-                arm = self.arm_ids[told] = self._next_arm
-                self._next_arm += 1
+        arm = -1 if told is None else self.arm_ids.setdefault(told, len(self.arm_ids))  # cleared with the core's arms
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,

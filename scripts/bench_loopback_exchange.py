@@ -59,7 +59,8 @@ def controller_shaped(s: socket.socket, rounds: int) -> list[tuple[float, float]
                     sent += s.send(data[sent:], socket.MSG_DONTWAIT)
                 except BlockingIOError:
                     pass
-                wrote = time.perf_counter() - t0 if sent == SIZE and not wrote else wrote
+                if sent == SIZE:  # the whole send went out just now
+                    wrote = time.perf_counter() - t0
             if got < SIZE:
                 try:
                     got += s.recv_into(view[got:], SIZE - got)

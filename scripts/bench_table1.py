@@ -140,17 +140,18 @@ def main() -> None:
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     args = ap.parse_args()
     refs = [name for name in REFERENCES if getattr(args, name)]
-    floor = ["floor"] if args.noise_floor else []
+    floor = args.noise_floor
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows, rt = [], args.realtime
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
         for nbytes in sizes:
-            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs, *floor)}
+            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs, *(["floor"] if floor else []))}
             order = [("real", lambda n: all_real(n, rt)), ("emu", lambda n: emulated(n, placement, realtime=rt))]
             order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1], rt)) for r in refs]
-            order += [("floor", lambda n: all_real(n, rt)) for _ in floor]
+            if floor:
+                order.append(("floor", lambda n: all_real(n, rt)))
             for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
                 turn = rep % len(order)
                 for mode, run in order[turn:] + order[:turn]:
@@ -167,9 +168,9 @@ def main() -> None:
 
     head = "all-real ms (range) | emulated ms (range) | overhead | best rep all-real / emulated ms | overhead"
     extra = "".join(f" best rep, {REFERENCES[r][0]} ms | overhead |" for r in refs)
-    extra += "".join(" all-real again ms (range) | noise floor | best rep | noise floor |" for _ in floor)
+    extra += " all-real again ms (range) | noise floor | best rep | noise floor |" if floor else ""
     print(f"| collective | size | {head} |{extra}")
-    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(refs) + "---:|---:|---:|---:|" * len(floor))
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(refs) + "---:|---:|---:|---:|" * floor)
     for kind, nbytes, got in sorted(rows, key=lambda r: (r[0], r[1])):
         a, e = [r["median_s"] for r in got["real"]], [r["median_s"] for r in got["emu"]]
         ba, be = [r["min_s"] for r in got["real"]], [r["min_s"] for r in got["emu"]]
@@ -178,8 +179,8 @@ def main() -> None:
         for r in refs:
             bp = [x["min_s"] for x in got[r]]
             line += f" {statistics.median(bp) * 1e3:.3f} | {over(ba, bp)} |"
-        for r in floor:
-            f, bf = [x["median_s"] for x in got[r]], [x["min_s"] for x in got[r]]
+        if floor:
+            f, bf = [x["median_s"] for x in got["floor"]], [x["min_s"] for x in got["floor"]]
             line += f" {ms(f)} | {over(a, f)} | {statistics.median(bf) * 1e3:.3f} | {over(ba, bf)} |"
         print(line)
 

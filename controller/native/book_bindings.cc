@@ -1806,12 +1806,12 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   if (ev.kind != gloo::EventKind::kData) {
     for (const Starter& st : *core->starters) {
       if (st.pair != po || (ev.slot & st.mask) != st.value || st.frames.size() < n) continue;
-      if (st.arm >= 0 && arm_of(st) == core->arms->end()) continue;  // no note told this instance that shape
       bool same = true;
       for (size_t i = 0; same && i < n; ++i) {
         same = st.frames[i].first == frame(i).kind && st.frames[i].second == frame(i).length;
       }
       if (!same) continue;
+      if (st.arm >= 0 && arm_of(st) == core->arms->end()) continue;  // no note told this instance that shape
       const int python = python_has(st, ev.slot);
       if (python < 0) return -1;
       if (python > 0) continue;  // Python owns the instance: its frames all go there
