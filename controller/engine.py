@@ -81,7 +81,7 @@ class Instance:
         self.work: tuple[float, float] | None = None  # the measured local work its timeline charged (the trace's)
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.program: Program | None = None  # the recorded program its book loaded (the shape's)
-        self.native = False  # its book was started natively (adopt)
+        self.native = self.posted_ahead = False  # its book started natively (adopt); after a receive posted ahead
         self.ended_at: float | None = None  # when its book completed, if before the instance was made (adopt)
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
         self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
@@ -334,7 +334,7 @@ class Instance:
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.shape.dtype
         rec.lag = self.lag
         rec.work = self.work
-        rec.native = self.native
+        rec.native, rec.posted_ahead = self.native, self.posted_ahead
         return rec
 
     def summary(self) -> str:
@@ -471,7 +471,7 @@ class Engine:
         inst.shape.geometry, inst.shape.nbytes = tpl.geometry, tpl.nbytes
         inst.shape.numel, inst.shape.elem, inst.shape.dtype = tpl.told
         inst._move(Phase.RUNNING)
-        inst.native = True
+        inst.native, inst.posted_ahead = True, book.posted_ahead
         inst.schedule, inst.book = tpl.schedule, book
         inst.pairs = {pair: i for i, pair in enumerate(tpl.pairs)}
         if self.timing is not None:

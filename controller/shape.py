@@ -175,8 +175,10 @@ class ShapeInference:
         the same frames get again, may; so may the call's own note, for an instance whose
         call notes the same shape: `told`): another instance with those first frames on that
         pair has this shape (a native start, controller/starts.py; an allgather's block
-        takes two notices). None otherwise. A reduce's root comes from a later frame."""
-        frames = [f for evs in self.notices.values() for f in evs]
+        takes two notices; the data of its chunk 0, which the core's receive posted ahead may
+        let come among them, is no part of them). None otherwise. A reduce's root comes from
+        a later frame."""
+        frames = [f for evs in self.notices.values() for f in evs if not isinstance(f[1], Data)]
         if (
             not (self.question is Question.NOT_ASKED or (self.question is Question.ANSWERED and self.told is not None))
             or self.grace is not Grace.NOT_STARTED

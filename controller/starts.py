@@ -12,8 +12,10 @@ of the call's frames), never one whose first frames merely match, since an unnot
 (DDP's reducer, a functional collective) with the same first segment may be another size.
 An allgather's block takes two notices: its starter is kept only for a program of one
 pair, where the core holds the first notice until the second matches (or hands both to
-Python, in order, when it does not). DDP repeats its buckets every step, a training loop
-its barriers and scalar allreduces: in steady state most instances start this way.
+Python, in order, when it does not); meanwhile the receive of chunk 0, which the first
+notice alone tells, is posted ahead (`posts_ahead`), and the data it lets come waits with
+them. DDP repeats its buckets every step, a training loop its barriers and scalar
+allreduces: in steady state most instances start this way.
 Python adopts each such book at the driver's next turn (`Engine.adopt_started`), off the
 collective's path.
 
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from neuronabox.schedules.gloo import Schedule
+from neuronabox.schedules.kinds import Kind
 
 from .book import Book, Core, Pair, Program
 from .dialect import Dialect, Event, SendReady
@@ -78,6 +81,15 @@ class StartTemplate:
 def same_basis(a: tuple, b: tuple) -> bool:
     """Whether two bases are the same objects (each part is replaced whole when it changes)."""
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def posts_ahead(kind: str, frames: list[tuple[bool, int]]) -> bool:
+    """Whether the emulated peer's first receive on the pair may be posted on the first frame,
+    before the rest that settle the shape: a ring allgather's first frame is the real rank's
+    send notice of its chunk 0, the chunk its successor receives first (RingAllgather), so
+    that receive is the same whatever the block. Its notice then reaches the real rank while
+    it is still writing the notices of chunk 1, rather than after them (Pair::post_ahead)."""
+    return kind == Kind.ALLGATHER and len(frames) > 1 and frames[0][0]
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ class Starters:
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn, arm,
+            posts_ahead(seen.kind, frames),
         )  # fmt: skip
         self.keys.add(key)
         self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)

@@ -52,7 +52,11 @@ def parse_size(text: str) -> int:
 
 
 def reps_for(nbytes: int) -> int:
-    return 100 if nbytes <= 1 << 20 else 30 if nbytes <= 16 << 20 else 10  # best of many: the tick stalls (docstring)
+    """Timed repetitions per run: best of many (the tick stalls, docstring). From 2 MiB a
+    repetition's time spreads over 2x (a 4 MiB allreduce: 0.66 to 2 ms, both sides), so the
+    best of 30 moved by several percent between two all-real runs; a repetition costs little
+    next to a launch, so take more."""
+    return 300 if nbytes <= 1 << 20 else 100 if nbytes <= 16 << 20 else 20
 
 
 def pinned(cpu: int, realtime: bool = False):

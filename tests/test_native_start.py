@@ -123,6 +123,27 @@ def test_an_allgather_that_two_notices_settle_starts_natively_at_w2(tmp_path):
     assert native_end["starts"]["native"] == sum(1 for i in native if i.get("native_start"))
 
 
+def test_an_allgather_posts_its_first_receive_ahead_of_the_notices_that_settle_it(tmp_path):
+    """At W = 2 the core posts the emulated rank's receive of chunk 0 as the real rank's first
+    send notice comes, while the notice of chunk 1 that settles the block is still to come:
+    blocks of 2h and 2h + 1 bytes alternate, so that notice is all that tells them apart, and
+    a first notice matching one shape's starter may turn out the other's (handed back to
+    Python with the data the early receive let come, which that receive then serves). Every
+    block each rank gets is the script's check; each shape starts natively after its first
+    Python start, each native start after a receive posted ahead."""
+    for h in (1, 40_000):
+        trace = tmp_path / f"halves-{h}.jsonl"
+        res = nbx("torchrun", "--nnodes", "2", "--delay-model", "zero", "--trace", str(trace),
+                  str(SCRIPTS / "allgather_halves.py"), "6", str(h))  # fmt: skip
+        assert res.rc == 0 and "all checks passed" in res.out, res.err[-3000:]
+        allgathers = [i for i in load_trace(trace)["instances"] if i["kind"] == "allgather"]
+        assert len(allgathers) == 12, allgathers
+        started = [i for i in allgathers if i.get("native_start")]
+        assert {i["nbytes"] for i in started} == {4 * h, 4 * h + 2}, allgathers  # both shapes, W = 2
+        assert len(started) >= 8 and all(i.get("posted_ahead") for i in started), allgathers
+        assert not any(i.get("posted_ahead") for i in allgathers if not i.get("native_start"))
+
+
 def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
     """Under `--skew` each instance draws its emulated ranks' entries (seeded by its tag):
     the starter's timeline makes each start's own in the core's call, as a Python start

@@ -187,13 +187,18 @@ struct Starter {
   // only the call's note tells): it starts only an instance whose tag was armed with this id
   // (Core.arm), as the note of a call of that shape arrives before the call's first frame.
   int64_t arm;
+  // Its first frame is a send notice whose length is the emulated peer's first receive on
+  // the pair (an allgather's chunk 0): while the notices that settle the shape come, that
+  // receive is posted ahead (Pair::post_ahead), so the real rank's data need not wait for them.
+  bool post_ahead;
 };
 
 // A slot's first frames on a pair, held while they are a prefix of a starter's frames.
 struct Pending {
   PairObject* pair;  // strong
   uint64_t slot;
-  std::vector<gloo::Event> events;
+  std::vector<gloo::Event> events;  // in order: notices, and data once a receive was posted ahead
+  bool ahead = false;               // a receive of this slot was posted ahead (Starter::post_ahead)
 };
 
 struct CoreObject {
@@ -225,6 +230,7 @@ struct BookObject {
   std::vector<PairObject*>* pairs;  // strong (each conn's pair), by pair index
   bool routed;
   bool finished;
+  bool posted_ahead;  // started natively after a receive was posted ahead of it (Starter::post_ahead)
 };
 
 // A recorded boundary program (book.h's Program), shared by the instances of one shape.
@@ -780,7 +786,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 Program* program_of(PyObject* obj);
 
 // add_starter(conn, index, mask, value, frames, tag_shift, tag_mask, head, tail, program, conns, turnarounds,
-//             token, timeline, entry_delay, drawn=False, arm=-1)
+//             token, timeline, entry_delay, drawn=False, arm=-1, post_ahead=False)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   PyObject *conn, *frames_list, *program, *conns, *token, *timeline;
@@ -791,9 +797,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   double entry_delay;
   int drawn = 0;
   long long arm = -1;
-  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pL", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+  int post_ahead = 0;
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pLp", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
                         &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
-                        &token, &timeline, &entry_delay, &drawn, &arm)) {
+                        &token, &timeline, &entry_delay, &drawn, &arm, &post_ahead)) {
     return nullptr;
   }
   std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
@@ -802,6 +809,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
     unsigned long long length;
     if (!PyArg_ParseTuple(PyList_GET_ITEM(frames_list, i), "pK", &send_ready, &length)) return nullptr;
     frames.emplace_back(send_ready != 0 ? gloo::EventKind::kSendReady : gloo::EventKind::kRecvReady, length);
+  }
+  if (post_ahead != 0 && (frames.size() < 2 || frames.front().first != gloo::EventKind::kSendReady)) {
+    PyErr_SetString(PyExc_ValueError, "a starter posts ahead only from a first send notice, before the frames after it");
+    return nullptr;
   }
   if (drawn != 0 && timeline == Py_None) {
     PyErr_SetString(PyExc_ValueError, "a drawn starter needs the timeline that draws each start's entry");
@@ -840,7 +851,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Starter st{po, static_cast<size_t>(index), mask, value, std::move(frames), tag_shift, tag_mask,
              head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
-             entry_delay, drawn != 0, arm < 0 ? -1 : static_cast<int64_t>(arm)};
+             entry_delay, drawn != 0, arm < 0 ? -1 : static_cast<int64_t>(arm), post_ahead != 0};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
     PyObject* c = PyList_GET_ITEM(conns, i);
     Py_INCREF(c);
@@ -1593,6 +1604,10 @@ PyObject* book_held(PyObject* obj, void*) {
   return book_ready(self) ? PyLong_FromSize_t(self->book->held_bytes()) : nullptr;
 }
 
+PyObject* book_posted_ahead(PyObject* obj, void*) {
+  return PyBool_FromLong(reinterpret_cast<BookObject*>(obj)->posted_ahead);
+}
+
 PyObject* book_slot(PyObject* obj, void*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   return book_ready(self) ? PyLong_FromUnsignedLongLong(self->book->slot()) : nullptr;
@@ -1635,6 +1650,7 @@ PyGetSetDef book_getset[] = {
     {"done_at", book_done_at, nullptr, "when the last one crossed", nullptr},
     {"held", book_held, nullptr, "bytes of the real sends it still holds (0 once it completed or closed)", nullptr},
     {"slot", book_slot, nullptr, "the instance's slot", nullptr},
+    {"posted_ahead", book_posted_ahead, nullptr, "started natively after a receive of its was posted ahead", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -1705,7 +1721,7 @@ int python_has(const Starter& st, uint64_t slot) {
 }
 
 // Starts a book from `match` and feeds it `events` (its first frames, in order). False: a Python error is set.
-bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now) {
+bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now, bool ahead) {
   const gloo::Event& ev = events.front();
   const HeldStarter held(match);
   const Starter& st = held.get();
@@ -1760,6 +1776,7 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     }
     Py_INCREF(reinterpret_cast<PyObject*>(core));
     b->core = core;
+    b->posted_ahead = ahead;
     Py_INCREF(Py_None);
     b->owner = Py_None;  // until Python adopts it
     bool ok = load_into(b, st.program);
@@ -1795,10 +1812,20 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   auto* core = reinterpret_cast<CoreObject*>(po->starts);
   std::vector<Pending>& pend = *core->pending;
   auto held = std::find_if(pend.begin(), pend.end(), [&](const Pending& p) { return p.pair == po && p.slot == ev.slot; });
-  const size_t n = (held != pend.end() ? held->events.size() : 0) + 1;
-  auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? held->events[i] : ev; };
+  if (ev.kind == gloo::EventKind::kData && held != pend.end() && held->ahead) {
+    held->events.push_back(std::move(ev));  // a payload our post ahead let come: it waits with the notices
+    return 1;
+  }
+  std::vector<const gloo::Event*> notices;  // the held frames a starter's first frames match
+  if (held != pend.end()) {
+    for (const gloo::Event& e : held->events) {
+      if (e.kind != gloo::EventKind::kData) notices.push_back(&e);
+    }
+  }
+  const size_t n = notices.size() + 1;
+  auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? *notices[i] : ev; };
   const Starter* exact = nullptr;
-  bool prefix = false;
+  bool prefix = false, ahead = false;
   auto arm_of = [&](const Starter& st) {  // the arm that lets `st` start this slot (end(): none)
     const uint64_t tag = (ev.slot >> st.tag_shift) & st.tag_mask;
     return std::find(core->arms->begin(), core->arms->end(), std::make_pair(st.arm, tag));
@@ -1820,9 +1847,11 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
         break;
       }
       prefix = true;
+      ahead = ahead || st.post_ahead;
     }
   }
   std::vector<gloo::Event> events;
+  const bool was_ahead = held != pend.end() && held->ahead;
   if (held != pend.end() && (exact != nullptr || !prefix)) {  // the held frames go on: to a book, or back
     events = std::move(held->events);
     Py_DECREF(reinterpret_cast<PyObject*>(held->pair));
@@ -1831,15 +1860,22 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   if (exact != nullptr) {
     if (exact->arm >= 0) core->arms->erase(arm_of(*exact));
     events.push_back(std::move(ev));
-    return start_book(core, *exact, events, now) ? 1 : -1;  // it copies the starter before any Python can run
+    return start_book(core, *exact, events, now, was_ahead) ? 1 : -1;  // it copies the starter before any Python can run
   }
   if (prefix) {
     if (held != pend.end()) {
       held->events.push_back(std::move(ev));
-    } else {
-      Py_INCREF(reinterpret_cast<PyObject*>(po));
-      pend.push_back(Pending{po, ev.slot, {}});
-      pend.back().events.push_back(std::move(ev));
+      return 1;
+    }
+    const uint64_t slot = ev.slot, length = ev.length;
+    Py_INCREF(reinterpret_cast<PyObject*>(po));
+    pend.push_back(Pending{po, slot, {}});
+    pend.back().events.push_back(std::move(ev));
+    if (ahead && po->fd >= 0) {  // the first frame (n == 1), a send notice (add_starter checks)
+      pend.back().ahead = true;
+      po->pair->post_ahead(slot, length);
+      int err = 0;
+      if (po->pair->outbox().flush(po->fd, &err) != FlushResult::kDone) want_write(core, po->fd);
     }
     return 1;
   }

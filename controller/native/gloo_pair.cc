@@ -172,8 +172,20 @@ void Pair::send_ready(uint64_t slot, uint64_t length) {
 }
 
 void Pair::recv_ready(uint64_t slot, uint64_t length) {
+  const auto it = std::find(ahead_.begin(), ahead_.end(), std::make_pair(slot, length));
+  if (it != ahead_.end()) {  // posted ahead: on the wire, and among our posted receives, already
+    ahead_.erase(it);
+    return;
+  }
   our_posted_.at(slot).push_back(length);
   header(Opcode::kNotifyRecvReady, slot, length, kPreambleSize);
+}
+
+void Pair::post_ahead(uint64_t slot, uint64_t length) {
+  if (ahead_.size() >= kAheadKept) ahead_.erase(ahead_.begin());
+  our_posted_.at(slot).push_back(length);
+  header(Opcode::kNotifyRecvReady, slot, length, kPreambleSize);
+  ahead_.emplace_back(slot, length);
 }
 
 void Pair::data(uint64_t slot, BytesRef payload) {

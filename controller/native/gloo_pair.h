@@ -118,6 +118,10 @@ class Pair final : public Port {
   // -- commands in, frames out ---------------------------------------------
   void send_ready(uint64_t slot, uint64_t length);
   void recv_ready(uint64_t slot, uint64_t length) override;
+  // A receive posted ahead of the book that will post it (the core's native start, while it
+  // waits for the rest of the notices that settle an allgather): that book's recv_ready of
+  // the same slot and length then sends nothing, the notice being on the wire already.
+  void post_ahead(uint64_t slot, uint64_t length);
   void data(uint64_t slot, BytesRef payload);
   void send(uint64_t slot, BytesRef payload) override;  // NOTIFY_SEND_READY and the data, as Gloo sends them
   Outbox& outbox() { return outbox_; }
@@ -150,6 +154,8 @@ class Pair final : public Port {
   SlotTable<uint64_t> announced_;                // our send notices awaiting data
   SlotTable<std::deque<uint64_t>> our_posted_;   // receives we posted
   SlotTable<uint64_t> peer_announced_;           // peer's send notices awaiting data
+  static constexpr size_t kAheadKept = 64;       // posts ahead no book claimed (its instance went elsewhere)
+  std::vector<std::pair<uint64_t, uint64_t>> ahead_;  // (slot, length) posted ahead, oldest first
   Outbox outbox_;
 };
 

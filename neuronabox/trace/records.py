@@ -137,6 +137,7 @@ def instance_line(rec: Record, us) -> dict:
         **({"lag_us": rec.lag * 1e6} if rec.lag is not None else {}),
         **({"work": {"message_us": rec.work[0] * 1e6, "reduce_ns_per_byte": rec.work[1] * 1e9}} if rec.work else {}),
         **({"native_start": True} if getattr(rec, "native", False) else {}),
+        **({"posted_ahead": True} if getattr(rec, "posted_ahead", False) else {}),
     }
 
 
@@ -278,7 +279,7 @@ def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
                 return
             if not isinstance(doc, dict) or len(doc) != 1:
                 raise TraceError(f"{path}: line {n} is not a trace record")
-            (what, value), = doc.items()
+            ((what, value),) = doc.items()
             yield what, value
 
 
