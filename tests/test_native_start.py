@@ -144,6 +144,21 @@ def test_an_allgather_posts_its_first_receive_ahead_of_the_notices_that_settle_i
         assert not any(i.get("posted_ahead") for i in allgathers if not i.get("native_start"))
 
 
+def test_ddps_map_of_used_parameters_starts_natively_like_its_buckets(tmp_path):
+    """Under `find_unused_parameters=True` DDP's reducer allreduces a map of used parameters
+    (one int32 per parameter) every step from C++, as it does its buckets: no call notes its
+    size, and a ring that small does not carry it on the wire. The observer tells it with
+    the buckets, so after the first step it starts natively instead of asking the real
+    rank's flight recorder every step (a dump on the real rank's core). The script checks
+    that the branch it leaves out on odd steps keeps its values."""
+    trace = tmp_path / "unused.jsonl"
+    res = nbx("torchrun", "--nnodes", "2", "--trace", str(trace), str(SCRIPTS / "ddp_unused.py"), "12")
+    assert res.rc == 0 and "all checks passed" in res.out, res.err[-3000:]
+    maps = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce" and i["dtype"] == "Int"]
+    assert len(maps) == 12 and {i["nbytes"] for i in maps} == {8 * 4}, maps  # 8 parameters
+    assert sum(1 for i in maps if i.get("native_start")) >= 10, [i.get("native_start", False) for i in maps]
+
+
 def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
     """Under `--skew` each instance draws its emulated ranks' entries (seeded by its tag):
     the starter's timeline makes each start's own in the core's call, as a Python start

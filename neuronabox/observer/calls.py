@@ -453,8 +453,10 @@ def input_of(query: dict, entries: Callable[[], list[dict]], deadline: float) ->
 
 def _note_buckets(ddp, params: list, buckets: list[list[int]]) -> None:
     """The sizes of a DDP model's gradient buckets (observer/sizes.py): the first
-    iteration's, then the rebuilt ones."""
-    sizes.note_buckets(
-        _name(ddp.process_group),
-        [(sum(params[i].numel() for i in b), sizes.c10_dtype(params[b[0]])) for b in buckets if b],
-    )
+    iteration's, then the rebuilt ones; and under `find_unused_parameters` the map of
+    used parameters, one Int per parameter of the reducer, which it allreduces every
+    step past every Python function as it does the buckets (Reducer::initialize_local_used_map)."""
+    rings = [(sum(params[i].numel() for i in b), sizes.c10_dtype(params[b[0]])) for b in buckets if b]
+    if getattr(ddp, "find_unused_parameters", False) and params:
+        rings.append((len(params), "Int"))
+    sizes.note_buckets(_name(ddp.process_group), rings)
