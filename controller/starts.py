@@ -50,8 +50,6 @@ from .groups import Conn, Group
 if TYPE_CHECKING:
     from neuronabox.topology import HostWork
 
-    from neuronabox.schedules import Kind
-
     from .release import ReleaseTiming
 
 STARTERS_KEPT = 256  # first frames a run keeps starters for; more: all are dropped, then relearned

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cmath>
 #include <deque>
+#include <iterator>
 #include <new>
 #include <unordered_map>
 #include <string>
@@ -197,8 +198,12 @@ struct Starter {
 struct Pending {
   PairObject* pair;  // strong
   uint64_t slot;
-  std::vector<gloo::Event> events;  // in order: notices, and data once a receive was posted ahead
-  bool ahead = false;               // a receive of this slot was posted ahead (Starter::post_ahead)
+  std::vector<gloo::Event> events;
+  // Payloads a receive posted ahead (Starter::post_ahead) let come before the notices that
+  // settle the shape: they go on after those notices (a pair's data meets its send notices
+  // in order, whatever comes between).
+  std::vector<gloo::Event> data;
+  bool ahead = false;  // a receive of this slot was posted ahead
 };
 
 struct CoreObject {
@@ -1813,17 +1818,11 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   std::vector<Pending>& pend = *core->pending;
   auto held = std::find_if(pend.begin(), pend.end(), [&](const Pending& p) { return p.pair == po && p.slot == ev.slot; });
   if (ev.kind == gloo::EventKind::kData && held != pend.end() && held->ahead) {
-    held->events.push_back(std::move(ev));  // a payload our post ahead let come: it waits with the notices
+    held->data.push_back(std::move(ev));  // a payload our post ahead let come: it waits with the notices
     return 1;
   }
-  std::vector<const gloo::Event*> notices;  // the held frames a starter's first frames match
-  if (held != pend.end()) {
-    for (const gloo::Event& e : held->events) {
-      if (e.kind != gloo::EventKind::kData) notices.push_back(&e);
-    }
-  }
-  const size_t n = notices.size() + 1;
-  auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? *notices[i] : ev; };
+  const size_t n = (held != pend.end() ? held->events.size() : 0) + 1;
+  auto frame = [&](size_t i) -> const gloo::Event& { return i + 1 < n ? held->events[i] : ev; };
   const Starter* exact = nullptr;
   bool prefix = false, ahead = false;
   auto arm_of = [&](const Starter& st) {  // the arm that lets `st` start this slot (end(): none)
@@ -1850,16 +1849,18 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
       ahead = ahead || st.post_ahead;
     }
   }
-  std::vector<gloo::Event> events;
+  std::vector<gloo::Event> events, data;
   const bool was_ahead = held != pend.end() && held->ahead;
   if (held != pend.end() && (exact != nullptr || !prefix)) {  // the held frames go on: to a book, or back
     events = std::move(held->events);
+    data = std::move(held->data);
     Py_DECREF(reinterpret_cast<PyObject*>(held->pair));
     pend.erase(held);
   }
   if (exact != nullptr) {
     if (exact->arm >= 0) core->arms->erase(arm_of(*exact));
     events.push_back(std::move(ev));
+    std::move(data.begin(), data.end(), std::back_inserter(events));
     return start_book(core, *exact, events, now, was_ahead) ? 1 : -1;  // it copies the starter before any Python can run
   }
   if (prefix) {
@@ -1882,6 +1883,7 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
   if (events.empty()) return 0;
   for (gloo::Event& e : events) hand_to_python(po, std::move(e), rest);
   hand_to_python(po, std::move(ev), rest);
+  for (gloo::Event& e : data) hand_to_python(po, std::move(e), rest);
   return 1;
 }
 

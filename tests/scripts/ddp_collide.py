@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from checks import expect
+from checks import expect, passed
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 BUCKET = 1_574_912  # floats: 6,299,648 bytes
@@ -30,9 +30,7 @@ def main() -> None:
             t = torch.ones(n)
             dist.all_reduce(t)
             expect(bool((t == real).all()), f"allreduce of {n} floats: {t[:3].tolist()} ... (expected {real})")
-    print("all checks passed", flush=True)
-    sys.stdout.flush()
-    os._exit(0)
+    passed()
 
 
 if __name__ == "__main__":
