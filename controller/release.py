@@ -87,23 +87,25 @@ class ReleaseTiming:
         group: str = "0",
         tag: int = 0,
         work: HostWork | None = None,
+        started: float | None = None,
     ) -> Timeline | None:
         """The instance's timeline; `group` and `tag` name it (its recurring collective and
-        the seed of its skew draws)."""
+        the seed of its skew draws); `started`: a native start's word on the books not yet
+        adopted (Skew.entry)."""
         if not self.active:
             return None
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         later = self.whatif.entry_delay(kind)  # the collective starts later for every rank, the real ones too
         entry = self.skew.entry(t0 + later, self.whatif.stragglers(kind), (group, str(kind), nbytes), f"{group}/{tag}",
                                 schedule.world if takes_drawn_skew(schedule) else 0, real.members,
-                                hold_real=bool(later))  # fmt: skip
+                                hold_real=bool(later), started=started)  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 
     def ended(self, group: str, tag: int, rank_times: dict) -> None:
         """An instance's book completed; `rank_times`: each real rank's (first, last message).
-        Only --skew auto reads it: nothing is done per instance otherwise."""
-        if rank_times and self.skew.mode == "auto":
+        Only drawn skew reads it: nothing is done per instance otherwise."""
+        if rank_times and self.skew.mode != "none":
             self.skew.ended(f"{group}/{tag}", max(last for _, last in rank_times.values()))
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:
@@ -222,8 +224,10 @@ class DrawnStart:
     real: RealRanks
     group: str
 
-    def at(self, t0: float, tag: int) -> Timeline | None:
+    def at(self, t0: float, tag: int, started: float = -1.0) -> Timeline | None:
         """The start's timeline; None once the timing is inactive (the zero model's what-if
-        cleared since the offer): the core then starts the book untimed."""
+        cleared since the offer): the core then starts the book untimed. `started`: the
+        core's word on the books it started that Python has not adopted (Skew.entry)."""
         work = self.timing.work_at(self.group, tag)
-        return self.timing.timeline(self.kind, self.nbytes, self.schedule, self.real, t0, self.group, tag, work)
+        timing = self.timing
+        return timing.timeline(self.kind, self.nbytes, self.schedule, self.real, t0, self.group, tag, work, started)

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <deque>
 #include <iterator>
+#include <limits>
 #include <new>
 #include <unordered_map>
 #include <string>
@@ -1725,6 +1726,19 @@ int python_has(const Starter& st, uint64_t slot) {
   return 0;
 }
 
+// What a drawn start tells the skew of the books started natively and not adopted yet
+// (Python hears of their ends only at adoption): inf while one of them runs, else when the
+// latest real rank's last message of theirs crossed; -1 when there are none (Skew.entry).
+double unadopted_end(const CoreObject* core) {
+  double end = -1.0;
+  for (const auto& [token, obj] : *core->started) {
+    const auto* b = reinterpret_cast<const BookObject*>(obj);
+    if (!b->finished) return std::numeric_limits<double>::infinity();
+    for (const auto& [rank, times] : b->book->rank_times()) end = std::max(end, times.second);
+  }
+  return end;
+}
+
 // Starts a book from `match` and feeds it `events` (its first frames, in order). False: a Python error is set.
 bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now, bool ahead) {
   const gloo::Event& ev = events.front();
@@ -1740,8 +1754,8 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     std::shared_ptr<ReleaseClock> clock;
     if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
       // Drawn: the instance's own entry, its draws seeded by its tag, as a Python start makes it.
-      PyObject* tl = st.drawn ? PyObject_CallMethod(st.timeline, "at", "dK", now + st.entry_delay,
-                                                    static_cast<unsigned long long>(tag))
+      PyObject* tl = st.drawn ? PyObject_CallMethod(st.timeline, "at", "dKd", now + st.entry_delay,
+                                                    static_cast<unsigned long long>(tag), unadopted_end(core))
                               : PyObject_CallMethod(st.timeline, "at", "d", now + st.entry_delay);
       if (tl == nullptr) return false;
       // None from a drawn start: the timing went inactive since the offer (the zero model,
