@@ -43,6 +43,7 @@ class ControllerConfig:
     nccl_channels: int = 1  # backend nccl: the pinned channels
     nccl_profile: str = ""  # backend nccl: the FIFO the real ranks' profiler plugin writes its lines to
     busy_poll_s: float = 0.0  # after a pair event the loop polls this long (on a core of its own); 0: it sleeps
+    spin_poll_s: float = 0.0  # and goes on polling this long, its idle work done (the next collective's wake-up)
     member_link: str = ""  # a run on several hosts: the head launcher's link ("host:port"), published in the store
     extra: dict = field(default_factory=dict)
 

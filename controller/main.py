@@ -69,8 +69,9 @@ class Controller:
             measure_work=cfg.local_work == "measured" and cfg.backend == "gloo",  # the NCCL relay has no meter yet
         )
         self.watchdog = Watchdog(cfg.timeout_s)
-        busy = cfg.busy_poll_s if os.environ.get("NEURONABOX_BUSY_POLL", "1") != "0" else 0.0  # 0: sleep (a check)
-        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, busy)
+        polls = os.environ.get("NEURONABOX_BUSY_POLL", "1") != "0"  # 0: the loop sleeps (a check)
+        busy, spin = (cfg.busy_poll_s, cfg.spin_poll_s) if polls else (0.0, 0.0)
+        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, busy, spin)
         engine = driver.engine
         # Backend nccl: the default group is an NCCL communicator, played in a thread of its
         # own; its collectives reach the recorder in the loop, as Gloo's do. Every rank real

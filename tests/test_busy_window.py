@@ -1,10 +1,11 @@
-"""The loop's busy window (`Core.wait(until, idle, busy)`): for `busy` seconds after a
-pair event the core polls rather than sleeps, and Python's idle work waits for the window
-to close; the time it polled with nothing ready is counted apart (`Core.polled`), so
-the loop's CPU at work (each record's `loop_cpu_s`) leaves it out. Real sockets, the
-native core and pair. The one time compared is a lower bound the core enforces (the idle
-turn comes no sooner than the window's end), which load can only push further out. And the
-order of one epoll answer: Python's events before the pairs'."""
+"""The loop's busy window (`Core.wait(until, idle, busy, spin)`): for `busy` seconds after
+a pair event the core polls rather than sleeps, and Python's idle work waits for the
+window to close; then it polls on until `spin`, its idle work done. The time it polled
+with nothing ready is counted apart (`Core.polled`), so the loop's CPU at work (each
+record's `loop_cpu_s`) leaves it out. Real sockets, the native core and pair. The times
+compared are bounds the core enforces (the idle turn comes no sooner than the window's
+end), which load can only push further out. And the order of one epoll answer: Python's
+events before the pairs'."""
 
 from __future__ import annotations
 
@@ -62,6 +63,28 @@ def test_without_a_window_idle_work_runs_once_nothing_is_ready_and_a_closed_wind
     frames, _ = core.wait(t0 + 0.01, False, WINDOW_S)  # the window is over and nothing is idle work
     assert frames == [] and time.monotonic() >= t0 + 0.01
     assert core.polled() == polled  # it slept to `until`
+
+
+def test_after_the_window_the_loop_spins_with_its_idle_work_done_then_sleeps():
+    """`spin`: past the busy window the loop keeps polling, so the next collective's first
+    frame after the real rank's compute finds it awake, and Python's idle work is no longer
+    put off; the polls are counted apart. Once `spin` is over it sleeps. The times compared
+    are bounds the core enforces (the idle turn not before the window closes, `until`
+    reached), which load only pushes further out; spinning and sleeping differ in what
+    `polled` counts, not in time."""
+    core = _native.Core(done=lambda owner: None, emit=lambda conn: None)
+    before = closed_pair_event(core)
+    frames, python = core.wait(time.monotonic() + 30, True, WINDOW_S, 30.0)  # idle work: after the window
+    assert frames == [] and python is False and time.monotonic() >= before + WINDOW_S
+    polled = core.polled()
+    t0 = time.monotonic()
+    frames, _ = core.wait(t0 + 0.05, False, WINDOW_S, 30.0)  # nothing to do: it spins to `until`
+    spent = time.monotonic() - t0
+    assert frames == [] and spent >= 0.05
+    assert core.polled() - polled >= 0.5 * spent  # it polled, not slept (half: time the loop spent off its core)
+    polled = core.polled()
+    frames, _ = core.wait(time.monotonic() + 0.02, False, WINDOW_S, 0.0)  # the spin over: it sleeps
+    assert core.polled() == polled
 
 
 def test_python_goes_first_when_its_events_come_with_pair_events():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from neuronabox.fidelity.testbed import Host, Loopback, Placement
-from neuronabox.launcher.controller_proc import BUSY_POLL_S, busy_poll_s
+from neuronabox.launcher.controller_proc import BUSY_POLL_S, SPIN_POLL_S, busy_poll_s
 from neuronabox.launcher.cores import CorePlan, plan_cores
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,8 @@ for proc in pathlib.Path("/proc").iterdir():
         cmd = (proc / "cmdline").read_bytes()
         if proc.name.isdigit() and b"neuronabox.controller.main" in cmd and parent(int(proc.name)) == launcher:
             ctl.append(sorted(os.sched_getaffinity(int(proc.name))))
-            polls.append(json.loads(pathlib.Path(cmd.split(b"\\0")[-2].decode()).read_text())["busy_poll_s"])
+            cfg = json.loads(pathlib.Path(cmd.split(b"\\0")[-2].decode()).read_text())
+            polls.append((cfg["busy_poll_s"], cfg["spin_poll_s"]))
     except OSError:
         pass
 dist.all_reduce(torch.ones(4))
@@ -53,13 +54,15 @@ def launch(tmp_path: Path, cores: list[int], *flags: str) -> subprocess.Complete
     return out
 
 
-def reported(out: subprocess.CompletedProcess) -> tuple[list[int], list[list[int]], list[float]]:
-    """The real rank's cores, its controller's, and how long that controller polls after a pair event."""
+def reported(out: subprocess.CompletedProcess) -> tuple[list[int], list[list[int]], list[tuple[float, float]]]:
+    """The real rank's cores, its controller's, and how long that controller polls after a
+    pair event (its busy window, then its spin)."""
     m = re.search(r"rank 0 affinity \[([0-9, ]*)\] controllers \[(.*)\] polls \[(.*)\]", out.stdout)
     assert m, out.stdout
     mine = [int(c) for c in m.group(1).split(",")]
     ctls = [[int(c) for c in g.split(",")] for g in re.findall(r"\[([0-9, ]+)\]", m.group(2))]
-    return mine, ctls, [float(p) for p in m.group(3).split(",")]
+    polls = [(float(a), float(b)) for a, b in re.findall(r"\(([0-9.e-]+), ([0-9.e-]+)\)", m.group(3))]
+    return mine, ctls, polls
 
 
 def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own(tmp_path):
@@ -70,7 +73,7 @@ def test_a_plain_run_puts_the_real_rank_and_the_controller_on_cores_of_their_own
     assert f"placed: real node 0 on core {cores[0]}, the controller on core {cores[1]}" in out.stdout
     mine, ctls, polls = reported(out)
     assert mine == [cores[0]] and ctls == [[cores[1]]], out.stdout
-    assert polls == [BUSY_POLL_S], out.stdout  # a core of its own: the loop polls while its sockets are busy
+    assert polls == [(BUSY_POLL_S, SPIN_POLL_S)], out.stdout  # a core of its own: the loop polls
 
 
 def test_placement_off_pins_nothing(tmp_path):
@@ -79,7 +82,7 @@ def test_placement_off_pins_nothing(tmp_path):
     assert "placed" not in out.stdout
     mine, ctls, polls = reported(out)
     assert mine == cores and ctls == [cores]
-    assert polls == [0.0]  # it may share the real rank's core: it sleeps
+    assert polls == [(0.0, 0.0)]  # it may share the real rank's core: it sleeps
 
 
 def test_the_plan_gives_each_real_rank_a_core_in_order_and_the_controller_the_next():

@@ -694,15 +694,18 @@ bool serve(CoreObject* self, int fd, uint32_t events, double ready_at, PyObject*
   return ok;
 }
 
-// wait(until, idle=False, busy=0) -> ([(conn, events | None)], python): serve the pair
-// sockets and the native timers until Python has something to do: events no book took
+// wait(until, idle=False, busy=0, spin=0) -> ([(conn, events | None)], python): serve the
+// pair sockets and the native timers until Python has something to do: events no book took
 // (None: the socket closed), its own epoll readable, or `until` (monotonic) reached; and,
 // when Python has idle work (`idle`, or books started natively to adopt), once nothing is
 // ready. `busy` (s): for this long after the last pair event or release, the loop polls
 // rather than sleeps and puts Python's idle work off. A sleeping loop wakes up late, and
 // Python's turn, once begun, makes a frame that comes meanwhile wait: in the short gaps
-// between one collective's frames either would be the emulator's lag. Only for a loop with
-// a core of its own (the launcher's placement). kStartedMax started books are adopted at once.
+// between one collective's frames either would be the emulator's lag. `spin` (s, from the
+// same event): the loop goes on polling, with Python's idle work no longer put off, so the
+// first frame of the next collective, after the real rank's compute, finds it awake (a
+// sleeping loop's wake-up cost 40 us there). Only for a loop with a core of its own (the
+// launcher's placement). kStartedMax started books are adopted at once.
 int wait_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
   int n;
   Py_BEGIN_ALLOW_THREADS
@@ -714,9 +717,9 @@ int wait_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
 
 PyObject* core_wait(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
-  double until, busy = 0.0;
+  double until, busy = 0.0, spin = 0.0;
   int idle = 0;
-  if (!PyArg_ParseTuple(args, "d|pd", &until, &idle, &busy) || !ensure_epoll(self)) return nullptr;
+  if (!PyArg_ParseTuple(args, "d|pdd", &until, &idle, &busy, &spin) || !ensure_epoll(self)) return nullptr;
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;
   bool python = false;
@@ -731,13 +734,14 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     if (ran > 0) self->busy_at = now;
     if (python || PyList_GET_SIZE(out) > 0 || now >= until) break;
     const bool polling = now < self->busy_at + busy;
+    const bool spinning = polling || now < self->busy_at + spin;
     const bool idle_due = (idle != 0 || !self->started->empty()) &&
                           (!polling || self->started->size() >= kStartedMax);
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
-    const double asked = polling && !idle_due ? monotonic() : 0.0;
-    const int n = wait_events(self, evs, idle_due || polling ? 0.0 : next - now);
-    if (asked != 0.0 && n == 0) self->polled_s += monotonic() - asked;
+    const int n = wait_events(self, evs, idle_due || spinning ? 0.0 : next - now);
+    // A poll that found nothing, its timers' check included, is no work of the loop's.
+    if (spinning && !idle_due && n == 0 && ran == 0) self->polled_s += monotonic() - now;
     if (n < 0) {
       if (errno == EINTR) {
         if (PyErr_CheckSignals() != 0) {
@@ -941,10 +945,10 @@ PyMethodDef core_methods[] = {
      "write_wanted(fd) -> bool: frames wait for the watched socket; the loop writes them when it can."},
     {"also", core_also, METH_O, "also(fd): Python's own epoll; wait() returns when it is readable."},
     {"wait", core_wait, METH_VARARGS,
-     "wait(until, idle=False, busy=0.0) -> ([(conn, events | None)], python): run the pair sockets and native "
+     "wait(until, idle=False, busy=0.0, spin=0.0) -> ([(conn, events | None)], python): run the pair sockets and native "
      "timers natively until Python has events, its own epoll is readable, or `until` (monotonic seconds); when "
      "Python has idle work (idle, or books started natively), also once nothing is ready. For `busy` s after a "
-     "pair event or release the loop polls, and idle work waits."},
+     "pair event or release the loop polls, and idle work waits; for `spin` s it polls, idle work done."},
     {nullptr, nullptr, 0, nullptr},
 };
 

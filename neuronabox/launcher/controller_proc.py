@@ -19,6 +19,10 @@ from neuronabox.launcher.reaping import die_with_parent
 from neuronabox.limits import read_tail
 
 BUSY_POLL_S = 300e-6  # a controller on a core of its own polls this long after each pair event
+# ...and goes on polling this long, Python's idle work done, so that the first frame after the
+# real rank's compute finds it awake: a gap longer than this costs one wake-up (about 40 us on
+# this VM), under 0.1% of it (docs/architecture.md, "The busy window").
+SPIN_POLL_S = 50e-3
 
 
 def busy_poll_s(cores: CorePlan | None, placement: Placement | None) -> float:
@@ -69,7 +73,8 @@ def controller_config(job: Job, run_dir: Path, trace: str, nccl_profile: str, me
         nccl_channels=job.nccl.channels if job.nccl else 1,
         nccl_profile=nccl_profile if job.nccl else "",
         member_link=member_link,
-        busy_poll_s=busy_poll_s(job.cores, job.placement),
+        busy_poll_s=(busy := busy_poll_s(job.cores, job.placement)),
+        spin_poll_s=SPIN_POLL_S if busy else 0.0,
     )
 
 

@@ -100,11 +100,16 @@ class GlooDriver:
     """Runs the loop; other threads talk to it only through `call_soon`."""
 
     def __init__(
-        self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str, busy_poll_s: float = 0.0
+        self,
+        engine_factory: Callable[[GlooDriver], Engine],
+        listen_host: str,
+        busy_poll_s: float = 0.0,
+        spin_poll_s: float = 0.0,
     ) -> None:
         """`busy_poll_s`: for this long after a pair event the loop polls, rather than sleeps,
-        and puts its idle work off (`Core.wait`): for a controller on a core of its own."""
-        self.busy_poll_s = busy_poll_s
+        and puts its idle work off; `spin_poll_s`: for this long it polls, its idle work done
+        (`Core.wait`): for a controller on a core of its own."""
+        self.busy_poll_s, self.spin_poll_s = busy_poll_s, spin_poll_s
         self.sel = Poller()
         self.listener = listener(listen_host)
         self.address = self.listener.getsockname()
@@ -257,7 +262,7 @@ class GlooDriver:
         try:
             while self.running:
                 behind = self.idle_work is not None and self.idle_pending()
-                frames, python = self.core.wait(self._until(), behind, self.busy_poll_s)
+                frames, python = self.core.wait(self._until(), behind, self.busy_poll_s, self.spin_poll_s)
                 if self._adopt is not None:  # books the core started natively, before the frames no book took
                     self._adopt()
                 if behind and not frames and not python:  # nothing ready: the loop's idle turn
