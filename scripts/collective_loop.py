@@ -1,7 +1,8 @@
 """Benchmark worker: times collectives on the real rank.
 
-Each repetition starts after a barrier, so every rank enters together; the first
-real rank prints one line, RESULT {kind: {median_s, min_s, mean_s}}.
+Each repetition starts after a barrier, so every rank enters together (after `--work-ms`
+of compute each, if given); the first real rank prints one line, RESULT {kind: {median_s,
+min_s, mean_s}}.
 """
 
 import argparse
@@ -20,6 +21,7 @@ p.add_argument("--root", type=int, default=0, help="broadcast root")
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--reps", type=int, default=10)
 p.add_argument("--announce", action="store_true", help="print each timed repetition as it ends")
+p.add_argument("--work-ms", type=float, default=0.0, help="each rank computes this long before each collective")
 args = p.parse_args()
 dist.init_process_group("gloo")
 world = dist.get_world_size()
@@ -37,6 +39,10 @@ for kind in args.kinds.split(","):
     times = []
     for i in range(args.warmup + args.reps):
         dist.barrier()
+        if args.work_ms:  # a training step's compute: busy, as a model's kernels keep the core
+            until = time.perf_counter() + args.work_ms / 1e3
+            while time.perf_counter() < until:
+                pass
         t0 = time.perf_counter()
         ops[kind]()
         if i >= args.warmup:

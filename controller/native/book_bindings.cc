@@ -724,8 +724,13 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
   if (out == nullptr) return nullptr;
   bool python = false;
   struct epoll_event evs[kMaxEvents];
+  double empty_since = 0.0;  // the start of the last pass, when it found nothing ready while polling
   for (;;) {
     const double now = monotonic();
+    if (empty_since != 0.0) {  // a poll that found nothing is no work of the loop's: the whole pass
+      self->polled_s += now - empty_since;
+      empty_since = 0.0;
+    }
     const long ran = run_timers(self, now);
     if (ran < 0) {
       Py_DECREF(out);
@@ -740,8 +745,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
     const int n = wait_events(self, evs, idle_due || spinning ? 0.0 : next - now);
-    // A poll that found nothing, its timers' check included, is no work of the loop's.
-    if (spinning && !idle_due && n == 0 && ran == 0) self->polled_s += monotonic() - now;
+    if (spinning && !idle_due && n == 0 && ran == 0) empty_since = now;
     if (n < 0) {
       if (errno == EINTR) {
         if (PyErr_CheckSignals() != 0) {
