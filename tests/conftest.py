@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import queue
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -17,6 +19,21 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Every process a test starts keeps its temporary files under one folder of this test
+# process, removed when the session ends: a failed run keeps its folder for its logs (the
+# launcher's, validate's), stock torchrun leaves a torchelastic_* folder per agent, and a
+# suite that fails runs on purpose would otherwise leave hundreds of them in /tmp each
+# time. Short (Ray's socket paths live under it).
+SESSION_TMP = tempfile.mkdtemp(prefix="nbx-t")
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = None  # this process's own temporary files go there too
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 SCRIPTS = ROOT / "tests" / "scripts"
 
