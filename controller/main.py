@@ -72,7 +72,7 @@ class Controller:
         polls = os.environ.get("NEURONABOX_BUSY_POLL", "1") != "0"  # 0: the loop sleeps (a check)
         spins = os.environ.get("NEURONABOX_SPIN_POLL", "1") != "0"  # 0: it sleeps past the busy window
         busy, spin = (cfg.busy_poll_s, cfg.spin_poll_s if spins else 0.0) if polls else (0.0, 0.0)
-        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, busy, spin)
+        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, (busy, spin))
         engine = driver.engine
         # Backend nccl: the default group is an NCCL communicator, played in a thread of its
         # own; its collectives reach the recorder in the loop, as Gloo's do. Every rank real

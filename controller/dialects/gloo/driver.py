@@ -100,16 +100,11 @@ class GlooDriver:
     """Runs the loop; other threads talk to it only through `call_soon`."""
 
     def __init__(
-        self,
-        engine_factory: Callable[[GlooDriver], Engine],
-        listen_host: str,
-        busy_poll_s: float = 0.0,
-        spin_poll_s: float = 0.0,
+        self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str, polls: tuple[float, float] = (0, 0)
     ) -> None:
-        """`busy_poll_s`: for this long after a pair event the loop polls, rather than sleeps,
-        and puts its idle work off; `spin_poll_s`: for this long it polls, its idle work done
-        (`Core.wait`): for a controller on a core of its own."""
-        self.busy_poll_s, self.spin_poll_s = busy_poll_s, spin_poll_s
+        """`polls`: for (busy, spin) seconds after a pair event the loop polls rather than sleeps,
+        putting its idle work off for the first (`Core.wait`): for a controller on a core of its own."""
+        self.busy_poll_s, self.spin_poll_s = polls
         self.sel = Poller()
         self.listener = listener(listen_host)
         self.address = self.listener.getsockname()
