@@ -22,7 +22,17 @@ import tempfile
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
-from bench_table1 import KINDS, WORKER, all_real_output, emulated_output, label, parse_size
+from bench_table1 import (
+    KINDS,
+    WORKER,
+    all_real_output,
+    emulated_output,
+    label,
+    overhead,
+    parse_size,
+    per_kind,
+    rotated,
+)
 
 SLEEPING = {"NEURONABOX_SPIN_POLL": "0"}
 REPS = 300
@@ -43,24 +53,15 @@ def main() -> None:
             worker = [WORKER, "--kinds", KINDS, "--bytes", str(nbytes), "--reps", str(REPS)]
             worker += ["--work-ms", str(args.work_ms)]
             order = [
-                ("all-real", lambda w=worker: all_real_output(w, rt)),
-                ("emulated", lambda w=worker: emulated_output(w, placement, None, rt)),
-                ("sleeping", lambda w=worker: emulated_output(w, placement, SLEEPING, rt)),
+                ("all-real", lambda w=worker: result(all_real_output(w, rt))),
+                ("emulated", lambda w=worker: result(emulated_output(w, placement, None, rt))),
+                ("sleeping", lambda w=worker: result(emulated_output(w, placement, SLEEPING, rt))),
             ]
-            runs: dict[str, list[dict]] = {mode: [] for mode, _ in order}
-            for rep in range(args.repeat):
-                turn = rep % len(order)
-                for mode, run in order[turn:] + order[:turn]:
-                    runs[mode].append(result(run()))
-            for kind in KINDS.split(","):
-                rows.append((kind, nbytes, {m: [r[kind] for r in rs] for m, rs in runs.items()}))
+            rows += [(kind, nbytes, got) for kind, got in per_kind(rotated(order, args.repeat)).items()]
             print(f"  done {label(nbytes)}", file=sys.stderr, flush=True)
 
     def us(xs: list[float]) -> str:
         return f"{statistics.median(xs) * 1e6:.1f} ({min(xs) * 1e6:.1f}-{max(xs) * 1e6:.1f})"
-
-    def over(a: list[float], e: list[float]) -> str:
-        return f"{(statistics.median(e) / statistics.median(a) - 1) * 100:+.1f}%"
 
     print(f"after {args.work_ms:g} ms of compute; medians of {args.repeat} runs' medians (range), us")
     print("| collective | size | all-real | emulated | overhead | sleeping loop | overhead "
@@ -72,8 +73,8 @@ def main() -> None:
         a, e, s = med["all-real"], med["emulated"], med["sleeping"]
         ba, be, bs = best["all-real"], best["emulated"], best["sleeping"]
         b = " / ".join(f"{statistics.median(x) * 1e6:.1f}" for x in (ba, be, bs))
-        print(f"| {kind} | {label(nbytes)} | {us(a)} | {us(e)} | {over(a, e)} | {us(s)} | {over(a, s)} "
-              f"| {b} | {over(ba, be)} / {over(ba, bs)} |")  # fmt: skip
+        print(f"| {kind} | {label(nbytes)} | {us(a)} | {us(e)} | {overhead(a, e)} | {us(s)} | {overhead(a, s)} "
+              f"| {b} | {overhead(ba, be)} / {overhead(ba, bs)} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
@@ -131,6 +132,27 @@ def label(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
+def rotated(order: list[tuple[str, Callable[[], dict]]], repeat: int) -> dict[str, list[dict]]:
+    """Each run of `order` (mode, run) `repeat` times, the order rotated every repetition
+    (two runs: flipped), so a drift of the machine weighs on every mode alike."""
+    runs: dict[str, list[dict]] = {mode: [] for mode, _ in order}
+    for rep in range(repeat):
+        turn = rep % len(order)
+        for mode, run in order[turn:] + order[:turn]:
+            runs[mode].append(run())
+    return runs
+
+
+def per_kind(runs: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
+    """`rotated`'s results by collective: kind -> mode -> each run's result for it."""
+    return {kind: {m: [r[kind] for r in rs] for m, rs in runs.items()} for kind in KINDS.split(",")}
+
+
+def overhead(base: list[float], other: list[float]) -> str:
+    """`other`'s median over `base`'s, in percent."""
+    return f"{(statistics.median(other) / statistics.median(base) - 1) * 100:+.1f}%"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
@@ -150,25 +172,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
-        for nbytes in sizes:
-            runs: dict[str, list[dict]] = {mode: [] for mode in ("real", "emu", *refs, *(["floor"] if floor else []))}
-            order = [("real", lambda n: all_real(n, rt)), ("emu", lambda n: emulated(n, placement, realtime=rt))]
-            order += [(r, lambda n, r=r: emulated(n, placement, REFERENCES[r][1], rt)) for r in refs]
+        for n in sizes:
+            order = [("real", lambda n=n: all_real(n, rt)), ("emu", lambda n=n: emulated(n, placement, realtime=rt))]
+            order += [(r, lambda n=n, r=r: emulated(n, placement, REFERENCES[r][1], rt)) for r in refs]
             if floor:
-                order.append(("floor", lambda n: all_real(n, rt)))
-            for rep in range(args.repeat):  # the order rotated (two variants: flipped) each repetition
-                turn = rep % len(order)
-                for mode, run in order[turn:] + order[:turn]:
-                    runs[mode].append(run(nbytes))
-            for kind in KINDS.split(","):
-                rows.append((kind, nbytes, {m: [r[kind] for r in rs] for m, rs in runs.items()}))
-            print(f"  done {label(nbytes)}", file=sys.stderr, flush=True)
+                order.append(("floor", lambda n=n: all_real(n, rt)))
+            rows += [(kind, n, got) for kind, got in per_kind(rotated(order, args.repeat)).items()]
+            print(f"  done {label(n)}", file=sys.stderr, flush=True)
 
     def ms(xs: list[float]) -> str:
         return f"{statistics.median(xs) * 1e3:.3f} ({min(xs) * 1e3:.3f}-{max(xs) * 1e3:.3f})"
-
-    def over(a: list[float], e: list[float]) -> str:
-        return f"{(statistics.median(e) / statistics.median(a) - 1) * 100:+.1f}%"
 
     head = "all-real ms (range) | emulated ms (range) | overhead | best rep all-real / emulated ms | overhead"
     extra = "".join(f" best rep, {REFERENCES[r][0]} ms | overhead |" for r in refs)
@@ -179,13 +192,13 @@ def main() -> None:
         a, e = [r["median_s"] for r in got["real"]], [r["median_s"] for r in got["emu"]]
         ba, be = [r["min_s"] for r in got["real"]], [r["min_s"] for r in got["emu"]]
         best = f"{statistics.median(ba) * 1e3:.3f} / {statistics.median(be) * 1e3:.3f}"
-        line = f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {over(a, e)} | {best} | {over(ba, be)} |"
+        line = f"| {kind} | {label(nbytes)} | {ms(a)} | {ms(e)} | {overhead(a, e)} | {best} | {overhead(ba, be)} |"
         for r in refs:
             bp = [x["min_s"] for x in got[r]]
-            line += f" {statistics.median(bp) * 1e3:.3f} | {over(ba, bp)} |"
+            line += f" {statistics.median(bp) * 1e3:.3f} | {overhead(ba, bp)} |"
         if floor:
             f, bf = [x["median_s"] for x in got["floor"]], [x["min_s"] for x in got["floor"]]
-            line += f" {ms(f)} | {over(a, f)} | {statistics.median(bf) * 1e3:.3f} | {over(ba, bf)} |"
+            line += f" {ms(f)} | {overhead(a, f)} | {statistics.median(bf) * 1e3:.3f} | {overhead(ba, bf)} |"
         print(line)
 
 
