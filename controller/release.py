@@ -228,6 +228,6 @@ class DrawnStart:
         """The start's timeline; None once the timing is inactive (the zero model's what-if
         cleared since the offer): the core then starts the book untimed. `started`: the
         core's word on the books it started that Python has not adopted (Skew.entry)."""
-        work = self.timing.work_at(self.group, tag)
         timing = self.timing
+        work = timing.work_at(self.group, tag)
         return timing.timeline(self.kind, self.nbytes, self.schedule, self.real, t0, self.group, tag, work, started)

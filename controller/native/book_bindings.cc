@@ -741,13 +741,8 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
   if (out == nullptr) return nullptr;
   bool python = false;
   struct epoll_event evs[kMaxEvents];
-  double empty_since = 0.0;  // the start of the last pass, when it found nothing ready while polling
   for (;;) {
     const double now = monotonic();
-    if (empty_since != 0.0) {  // a poll that found nothing is no work of the loop's: the whole pass
-      self->polled_s += now - empty_since;
-      empty_since = 0.0;
-    }
     const long ran = run_timers(self, now);
     if (ran < 0) {
       Py_DECREF(out);
@@ -765,10 +760,10 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     if (spinning && !idle_due) {  // until a socket is ready, a timer is due, or the phase ends
       const bool idle_waits = idle != 0 || !self->started->empty();  // the window's end lets it run
       const double phase = polling && idle_waits ? busy : std::max(busy, spin);
-      double last_empty = now;
+      const double from = monotonic();  // after this pass's timers, which are work
+      double last_empty = from;
       n = spin_events(self, evs, std::min(next, self->busy_at + phase), &last_empty);
-      if (ran == 0 && n == 0) empty_since = now;
-      if (ran == 0 && n > 0) self->polled_s += last_empty - now;  // the polls before it found one
+      self->polled_s += last_empty - from;  // polls that found nothing are no work of the loop's
     } else {
       n = wait_events(self, evs, idle_due ? 0.0 : next - now);
     }
