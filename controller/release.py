@@ -19,7 +19,7 @@ from neuronabox.topology import HostWork, LinkClass
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules import Kind
 from neuronabox.schedules.gloo import RealRanks, Schedule
-from neuronabox.schedules.timing import Timeline, takes_drawn_skew, timeline_for
+from neuronabox.schedules.timing import Timeline, timeline_for
 
 from .skew import Skew
 from .work_meter import Sample, WorkMeter, moved, trimmed_mean
@@ -97,7 +97,7 @@ class ReleaseTiming:
         hop = self.hop(kind, nbytes, schedule.world, schedule)
         later = self.whatif.entry_delay(kind)  # the collective starts later for every rank, the real ones too
         entry = self.skew.entry(t0 + later, self.whatif.stragglers(kind), (group, str(kind), nbytes), f"{group}/{tag}",
-                                schedule.world if takes_drawn_skew(schedule) else 0, real.members,
+                                schedule.world, real.members,
                                 hold_real=bool(later), started=started)  # fmt: skip
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)

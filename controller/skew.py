@@ -4,8 +4,8 @@ A real job waits for its slowest rank: every collective starts when the last ran
 enters it, and ranks enter at different times because their compute varies. Emulated
 ranks that always enter on time make an emulated run fast (an all-real Lightning job
 at W = 2 here: steps of 7.7 to 18.5 ms, median 12.5; emulated, 8.3 ms with no spread).
-Under skew each emulated rank enters each ring or one-message collective late by a
-delay drawn, per rank and per instance, from a distribution (`schedules.timing.Entry`):
+Under skew each emulated rank enters each collective late by a delay drawn, per rank and
+per instance, from a distribution (`schedules.timing.Entry`):
 
 - `none`: no draws; the emulated ranks enter with the real rank (the NCCL relay's only
   mode: it does not draw yet);
@@ -154,8 +154,7 @@ class Skew:
     ) -> Entry:
         """The entry of one instance that the real rank entered at `t0`: `key` names its
         recurring collective (group, kind, bytes), `instance` the instance itself (its seed).
-        `world` and `real`: the group's, where the instance takes drawn delays (rings and
-        one-message collectives; 0 for broadcasts and barriers, which keep the undrawn entry).
+        `world` and `real`: the group's (0: no emulated rank's entry is waited for).
         `hold_real`: the collective starts at `t0` for the real ranks too (Entry.hold_real).
         `started`: a native start's word on the books the core started that Python has not
         adopted (their ends not told yet): inf while one runs, else the latest end among

@@ -131,6 +131,40 @@ def test_a_native_timeline_moved_to_another_entry_is_the_one_made_there(kind):
             assert moved.release(*key) == pytest.approx(t, abs=1e-12), (kind, i, key)
 
 
+@pytest.mark.parametrize("world", [64, 1000, 4096])
+def test_under_drawn_skew_a_barrier_waits_for_every_rank_and_a_broadcast_for_its_path(world):
+    """Drawn skew reaches trees and barriers too: the real rank leaves a dissemination
+    barrier no earlier than every emulated rank's drawn entry, at any world (its last
+    round's window holds half the ring); a broadcast's message waits for its sender's
+    entry and its ancestors', no others. The fast path is held to the full-DAG reference
+    above (W <= 24); here the worlds are large and the rule is checked directly."""
+    hop = LinkClass("hop", 1e10, 2e-6)
+    draws = tuple(i * 1e-4 for i in range(1, 33))  # 0.1 .. 3.2 ms
+    for seed in range(3):
+        real = RealRanks([seed * 7 % world], world)
+        entry = Entry(1.0, {}, draws, 0.0, seed)
+        emulated = [e for e in range(world) if e not in real]
+        latest = max(entry.of(e) for e in emulated)
+        barrier = timeline_for(DisseminationBarrier(world), hop, entry, real)
+        x = real.sorted[0]
+        rounds = (world - 1).bit_length()
+        for r in range(rounds):
+            barrier.real_sent(x, r, 1.0)
+        last = max(barrier.release((x - (1 << r)) % world, r) for r in range(rounds))
+        assert latest <= last <= latest + rounds * hop.latency + 1e-12, (world, seed)
+        root = (x + 1) % world
+        tree = BinomialBroadcast(world, root, 4096)
+        bcast = timeline_for(tree, hop, entry, real)
+        parent, bit = tree.parent(x)
+        path, r = [], parent
+        while r is not None:
+            path.append(r)
+            up = tree.parent(r)
+            r = up[0] if up else None
+        assert bcast.release(parent, bit) >= max(entry.of(r) for r in path)
+        assert bcast.release(parent, bit) < latest or max(entry.of(r) for r in path) == latest
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_work_delays_releases(kind):
     """No work is the model as it was (the default); more work never releases a message

@@ -84,7 +84,7 @@ def add_world_flags(p: ArgParser) -> None:
     flag(
         "--skew",
         metavar="none|auto|FILE",
-        help="emulated ranks enter each ring and one-message collective late by a seeded draw: auto (default), from "
+        help="emulated ranks enter each collective late by a seeded draw: auto (default), from "
         "the real rank's own variation between its optimizer steps, measured during the run; FILE, from its delays "
         "in ms; none: on time (NCCL runs: none, the only one yet)",
     )

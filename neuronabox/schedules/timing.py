@@ -18,7 +18,8 @@ The model, for one collective instance:
 The timelines below answer `arrival` in O(1) amortized (rings: closed forms of the
 step and the distance to the nearest real rank upstream) or O(log W) (trees and
 dissemination: walks up the tree or over the bits of a distance), never O(W) per
-message. `reference_arrivals` evaluates the same model over the whole DAG, every
+message; under drawn skew a barrier walks each sender's window of ranks once, O(W) per
+instance. `reference_arrivals` evaluates the same model over the whole DAG, every
 rank and every step, and backs the tests.
 """
 
@@ -58,8 +59,7 @@ def drawn_skew(draws: tuple[float, ...], shift: float, seed: int, rank: int) -> 
 class Entry:
     """When the emulated ranks enter the instance: `t0`, plus `skew[rank]` for stragglers,
     plus, under --skew, a delay each emulated rank draws from `draws` (less `shift`, the
-    real rank's own lateness this time; `seed`: the instance's). Drawn skew applies to rings
-    and one-message collectives; broadcasts and barriers keep the undrawn entry.
+    real rank's own lateness this time; `seed`: the instance's), in every kind of collective.
     `hold_real`: no real rank's send counts before `t0`, for a latency that holds the whole
     collective (`latency=+X,per=collective`): it starts X later for the real ranks too, so
     what they sent on entering, before any emulated message came, waits for the start.
@@ -74,9 +74,6 @@ class Entry:
 
     def of(self, rank: int) -> float:
         return self.t0 + self.skew.get(rank, 0.0) + drawn_skew(self.draws, self.shift, self.seed, rank)
-
-    def undrawn(self) -> Entry:
-        return Entry(self.t0, self.skew, hold_real=self.hold_real) if self.draws else self
 
 
 class Timeline:
@@ -151,7 +148,7 @@ def tree_timeline(
     send leaves after k messages' worth of bytes on its link."""
     return _timing.TreeTimeline(
         schedule.world, schedule.root, real.sorted, entry.t0, hop.latency, schedule.nbytes / hop.bandwidth, work,
-        modeled, dict(entry.skew), entry.hold_real,
+        modeled, dict(entry.skew), entry.hold_real, entry.draws, entry.shift, entry.seed & MASK64,
     )  # fmt: skip
 
 
@@ -161,8 +158,9 @@ def barrier_timeline(
     """A barrier's timeline: round k waits for round k-1's send and receive (and its work)."""
     stragglers = {q: d for q, d in entry.skew.items() if q not in real}
     return _timing.BarrierTimeline(
-        schedule.world, real.sorted, entry.t0, hop.latency, work, modeled, stragglers, entry.hold_real
-    )
+        schedule.world, real.sorted, entry.t0, hop.latency, work, modeled, stragglers, entry.hold_real,
+        entry.draws, entry.shift, entry.seed & MASK64,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------
@@ -183,12 +181,6 @@ class LagTimeline(Timeline):
         return self.hop.latency
 
 
-def takes_drawn_skew(schedule: Schedule) -> bool:
-    """Whether the instance's emulated ranks take drawn entry delays (--skew): rings and
-    one-message collectives do; broadcasts and barriers keep the undrawn entry."""
-    return not isinstance(schedule, (BinomialBroadcast, DisseminationBarrier))
-
-
 def timeline_for(
     schedule: Schedule, hop: Link, entry: Entry, real: RealRanks, modeled: bool = True, work: float = 0.0
 ) -> Timeline | _timing.RingTimeline | _timing.TreeTimeline | _timing.BarrierTimeline:
@@ -197,8 +189,6 @@ def timeline_for(
         return LagTimeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, (RingAllreduce, RingAllgather)):
         return ring_timeline(schedule, hop, entry, real, modeled, work)
-    if not takes_drawn_skew(schedule):
-        entry = entry.undrawn()
     if isinstance(schedule, BinomialBroadcast):
         return tree_timeline(schedule, hop, entry, real, modeled, work)
     if isinstance(schedule, DisseminationBarrier):
@@ -245,8 +235,6 @@ def reference_arrivals(
                 if m.peer in real:
                     out[(e, m.step)] = ready[e][m.step] + c
         return out
-    if not takes_drawn_skew(schedule):
-        entry = entry.undrawn()
     if isinstance(schedule, BinomialBroadcast):
         ser = schedule.nbytes / hop.bandwidth
         ready: dict[int, float] = {}

@@ -25,6 +25,24 @@ struct RingObject {
 
 PyTypeObject RingType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// --skew's drawn entry delays (seconds) from a Python sequence; null or None: none.
+bool draw_list(PyObject* draws, std::vector<double>* out) {
+  if (draws == nullptr || draws == Py_None) return true;
+  PyObject* ds = PySequence_Fast(draws, "skew_draws: a sequence of seconds");
+  if (ds == nullptr) return false;
+  const Py_ssize_t nd = PySequence_Fast_GET_SIZE(ds);
+  for (Py_ssize_t i = 0; i < nd; ++i) {
+    const double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(ds, i));
+    if (d == -1.0 && PyErr_Occurred()) {
+      Py_DECREF(ds);
+      return false;
+    }
+    out->push_back(d);
+  }
+  Py_DECREF(ds);
+  return true;
+}
+
 int ring_init(PyObject* obj, PyObject* args, PyObject* kwds) {
   static const char* kw[] = {"world", "real", "data_goes_down", "t0", "pace", "work", "modeled", "stragglers",
                              "skew_draws", "skew_shift", "skew_seed", "hold_real", nullptr};
@@ -41,20 +59,7 @@ int ring_init(PyObject* obj, PyObject* args, PyObject* kwds) {
   }
   p.skew_seed = seed;
   p.hold_real = hold != 0;
-  if (draws != nullptr && draws != Py_None) {
-    PyObject* ds = PySequence_Fast(draws, "skew_draws: a sequence of seconds");
-    if (ds == nullptr) return -1;
-    const Py_ssize_t nd = PySequence_Fast_GET_SIZE(ds);
-    for (Py_ssize_t i = 0; i < nd; ++i) {
-      const double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(ds, i));
-      if (d == -1.0 && PyErr_Occurred()) {
-        Py_DECREF(ds);
-        return -1;
-      }
-      p.skew_draws.push_back(d);
-    }
-    Py_DECREF(ds);
-  }
+  if (!draw_list(draws, &p.skew_draws)) return -1;
   p.data_goes_down = down != 0;
   p.modeled = modeled != 0;
   PyObject* seq = PySequence_Fast(real, "real: a sequence of ranks");
@@ -279,17 +284,20 @@ int install(PyObject* obj, T* tl) {
 
 int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
   static const char* kw[] = {"world", "root", "real", "t0", "latency", "ser", "work", "modeled", "skew", "hold_real",
-                             nullptr};
+                             "skew_draws", "skew_shift", "skew_seed", nullptr};
   TreeParams p;
-  PyObject *real, *skew;
+  PyObject *real, *skew, *draws = nullptr;
   int modeled = 1, hold = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOddddpO!|p", const_cast<char**>(kw), &p.world, &p.root, &real, &p.t0,
-                                   &p.latency, &p.ser, &p.work, &modeled, &PyDict_Type, &skew, &hold)) {
+  unsigned long long seed = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOddddpO!|pOdK", const_cast<char**>(kw), &p.world, &p.root, &real,
+                                   &p.t0, &p.latency, &p.ser, &p.work, &modeled, &PyDict_Type, &skew, &hold, &draws,
+                                   &p.skew_shift, &seed)) {
     return -1;
   }
   p.modeled = modeled != 0;
   p.hold_real = hold != 0;
-  if (!rank_list(real, p.world, &p.real) || !delays(skew, &p.skew)) return -1;
+  p.skew_seed = seed;
+  if (!rank_list(real, p.world, &p.real) || !delays(skew, &p.skew) || !draw_list(draws, &p.skew_draws)) return -1;
   if (p.root < 0 || p.root >= p.world) {
     PyErr_Format(PyExc_ValueError, "root %d outside [0, %d)", p.root, p.world);
     return -1;
@@ -298,17 +306,23 @@ int tree_init(PyObject* obj, PyObject* args, PyObject* kwds) {
 }
 
 int barrier_init(PyObject* obj, PyObject* args, PyObject* kwds) {
-  static const char* kw[] = {"world", "real", "t0", "latency", "work", "modeled", "stragglers", "hold_real", nullptr};
+  static const char* kw[] = {"world", "real", "t0", "latency", "work", "modeled", "stragglers", "hold_real",
+                             "skew_draws", "skew_shift", "skew_seed", nullptr};
   BarrierParams p;
-  PyObject *real, *stragglers;
+  PyObject *real, *stragglers, *draws = nullptr;
   int modeled = 1, hold = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOdddpO!|p", const_cast<char**>(kw), &p.world, &real, &p.t0, &p.latency,
-                                   &p.work, &modeled, &PyDict_Type, &stragglers, &hold)) {
+  unsigned long long seed = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOdddpO!|pOdK", const_cast<char**>(kw), &p.world, &real, &p.t0,
+                                   &p.latency, &p.work, &modeled, &PyDict_Type, &stragglers, &hold, &draws,
+                                   &p.skew_shift, &seed)) {
     return -1;
   }
   p.modeled = modeled != 0;
   p.hold_real = hold != 0;
-  if (!rank_list(real, p.world, &p.real) || !delays(stragglers, &p.stragglers)) return -1;
+  p.skew_seed = seed;
+  if (!rank_list(real, p.world, &p.real) || !delays(stragglers, &p.stragglers) || !draw_list(draws, &p.skew_draws)) {
+    return -1;
+  }
   return install(obj, new (std::nothrow) BarrierTimeline(std::move(p)));
 }
 

@@ -4,6 +4,8 @@
 #include <limits>
 #include <mutex>
 
+#include "ring_timeline.h"  // drawn_skew: one function for every timeline
+
 namespace nbx::timing {
 
 namespace {
@@ -70,7 +72,7 @@ double TreeTimeline::ready(int rank) {
   auto memo = ready_.find(rank);
   if (memo != ready_.end()) return memo->second;
   auto s = skew_.find(rank);
-  double t = p_.t0 + (s == skew_.end() ? 0.0 : s->second);
+  double t = p_.t0 + (s == skew_.end() ? 0.0 : s->second) + drawn_skew(p_.skew_draws, p_.skew_shift, p_.skew_seed, rank);
   const int v = mod(int64_t{rank} - p_.root, p_.world);
   double got = t;
   if (v != 0) {
@@ -97,6 +99,30 @@ void BarrierTimeline::real_sent(int rank, int step, double t) {
   sent_[key(rank, step)] = p_.modeled ? t + p_.latency : t;
 }
 
+double BarrierTimeline::drawn(int rank) const {
+  return drawn_skew(p_.skew_draws, p_.skew_shift, p_.skew_seed, rank);
+}
+
+double BarrierTimeline::drawn_window(int emu, int round) {
+  const int64_t k = key(emu, round);
+  auto memo = window_.find(k);
+  if (memo != window_.end()) return memo->second;
+  const int w = p_.world;
+  const int64_t span = std::min<int64_t>((int64_t{1} << round) - 1, w - 1);
+  const double edge = p_.latency + p_.work;
+  bool cut = false;  // a real rank inside the window: some paths through it are not all emulated
+  for (int x : p_.real) cut = cut || (x != emu && mod(int64_t{emu} - x, w) <= span);
+  double best = kNever;
+  int first, hops;
+  for (int64_t m = 0; m <= span; ++m) {
+    const int q = mod(int64_t{emu} - m, w);
+    if (is_real(q) || (cut && m > 0 && !path(q, m, &first, &hops))) continue;
+    best = std::max(best, drawn(q) + __builtin_popcountll(static_cast<uint64_t>(m)) * edge);
+  }
+  window_[k] = best;
+  return best;
+}
+
 bool BarrierTimeline::path(int src, int64_t m, int* first, int* hops) const {
   int node = src;
   *first = -1;
@@ -116,10 +142,11 @@ double BarrierTimeline::ready(int emu, int round) {
   const double edge = p_.latency + p_.work;
   double t = p_.t0 + static_cast<double>((*hops_)[static_cast<size_t>(round) * w + emu]) * edge;
   int first, hops;
+  if (!p_.skew_draws.empty()) t = std::max(t, p_.t0 + drawn_window(emu, round));
   for (const auto& [q, delay] : p_.stragglers) {
     for (int64_t m = mod(int64_t{emu} - q, w); m <= span; m += w) {
-      if (m == 0 || path(q, m, &first, &hops)) {
-        t = std::max(t, p_.t0 + delay + __builtin_popcountll(static_cast<uint64_t>(m)) * edge);
+      if (m == 0 || path(q, m, &first, &hops)) {  // a straggler varies too
+        t = std::max(t, p_.t0 + delay + drawn(q) + __builtin_popcountll(static_cast<uint64_t>(m)) * edge);
       }
     }
   }

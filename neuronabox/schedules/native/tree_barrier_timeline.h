@@ -8,6 +8,12 @@
 // Barrier: round k's send of emulated e waits for round k-1's send and receive; the
 // closed form takes the longest all-emulated path into e (a table built once per
 // world and real set, O(W log W)), the stragglers' and each real rank's sends.
+//
+// Drawn skew (--skew) adds each emulated rank's draw to its entry (ring_timeline.h's
+// `drawn_skew`). A broadcast asks only the ancestors of a boundary rank, O(log W). A
+// barrier's round-k send of e waits for every rank at most 2^k - 1 behind it: the
+// window is walked once per (e, k) and kept, so an instance costs O(W) whichever real
+// ranks it has (the windows of one real rank's senders tile the ring).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +37,9 @@ struct TreeParams {
   bool hold_real = false;  // no real send counts before t0: a per-collective latency starts it later for all
   bool modeled = true;
   std::vector<std::pair<int, double>> skew;  // rank -> entry delay
+  std::vector<double> skew_draws;  // drawn entry delays (seconds); empty: none
+  double skew_shift = 0;  // taken off every draw (the real rank's own lateness this time)
+  uint64_t skew_seed = 0;  // with the rank, which draw a rank gets
 };
 
 class TreeTimeline {
@@ -62,6 +71,9 @@ struct BarrierParams {
   bool hold_real = false;  // no real send counts before t0: a per-collective latency starts it later for all
   bool modeled = true;
   std::vector<std::pair<int, double>> stragglers;  // emulated rank -> entry delay
+  std::vector<double> skew_draws;  // drawn entry delays (seconds); empty: none
+  double skew_shift = 0;
+  uint64_t skew_seed = 0;
 };
 
 class BarrierTimeline {
@@ -79,11 +91,16 @@ class BarrierTimeline {
   // count); false when a rank on the way, other than the ends, is real.
   bool path(int src, int64_t m, int* first, int* hops) const;
   bool is_real(int rank) const;
+  double drawn(int rank) const;
+  // The latest drawn entry, plus its hops, of the ranks whose round-`round` paths into
+  // `emu` are all emulated (kept per (emu, round)).
+  double drawn_window(int emu, int round);
 
   BarrierParams p_;
   int rounds_ = 0;
   std::shared_ptr<const std::vector<int64_t>> hops_;  // [round * world + rank], shared by equal worlds
   std::unordered_map<int64_t, double> sent_;
+  std::unordered_map<int64_t, double> window_;
 };
 
 }  // namespace nbx::timing
