@@ -88,6 +88,7 @@ def main() -> int:
     p.add_argument("--skew", default=DEFAULT_SKEW, help="the emulated runs' --skew (auto, the default; none; a file)")
     p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
     p.add_argument("--realtime", action="store_true", help="every real rank in the real-time class (validate's)")
+    p.add_argument("--huge-pages", action="store_true", help="malloc on transparent huge pages (validate's)")
     ns = p.parse_args()
     second, floor = ("all-real-again", ["--noise-floor"]) if ns.noise_floor else ("emulated", [])
     out = Path(ns.out).resolve()
@@ -104,6 +105,7 @@ def main() -> int:
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
             tail = ("noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}") + ("-rt" if ns.realtime else "")
+            tail += "-huge" if ns.huge_pages else ""
             csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-{tail}.csv"
             if name in FRAMEWORKS:
                 runs = ["--steps", str(ns.steps + ns.warmup)]
@@ -114,6 +116,7 @@ def main() -> int:
             skew = [] if ns.noise_floor else ["--skew", ns.skew]
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
                 "--warmup-steps", str(ns.warmup), *skew, *floor, *(["--realtime"] if ns.realtime else []),
+                *(["--huge-pages"] if ns.huge_pages else []),
                 "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name, second), flush=True)

@@ -182,11 +182,11 @@ def test_validate_runs_torchrun_without_the_users_pet_flags(monkeypatch, tmp_pat
     """validate gives each run its own flags; a PET_STANDALONE or PET_NNODES of the user's
     would override them in the all-real torchrun (or be refused by the emulated launcher)."""
     from neuronabox.fidelity.testbed import Host
-    from neuronabox.fidelity.validate import Runner
+    from neuronabox.fidelity.validate import Job, Runner
 
     for var, value in {"PET_STANDALONE": "1", "PET_NNODES": "3", "PET_NODE_RANK": "1", "PET_MAX_RESTARTS": "2"}.items():
         monkeypatch.setenv(var, value)
-    env = Runner(None, tmp_path, 10.0, loopback=True).env(Host("node0", "127.0.0.1"))
+    env = Runner(Job(2, 1, [0], [], ["x.py"]), tmp_path, 10.0, loopback=True).env(Host("node0", "127.0.0.1"))
     assert not {"PET_STANDALONE", "PET_NNODES", "PET_NODE_RANK"} & set(env)
     assert env["PET_MAX_RESTARTS"] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
 

@@ -129,6 +129,7 @@ def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path)
               TRAIN_DDP, "--steps", "8", timeout=300)  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     assert "between optimizer steps after 3" in res.out
+    assert "huge pages" not in res.out  # the system's own pages unless asked (--huge-pages)
     table = re.search(r"all-real +([0-9.]+) ms.*\n +emulated +([0-9.]+) ms.*\n +error +([-+0-9.]+)%", res.out)
     assert table, res.out
     real, emulated, error = map(float, table.groups())
@@ -293,3 +294,45 @@ def test_netns_ctrl_c_leaves_nothing(tmp_path):
     # Links and qdiscs as before. Namespaces and cgroups: none of this run's (above); another
     # testbed's may come and go meanwhile (a second suite on the host once failed this).
     assert host_state()[:2] == before[:2], live.err[-2000:]
+
+
+HUGE_PAGES_PROBE = """
+import torch
+x = torch.ones(16 << 20)  # 64 MiB through PyTorch's CPU allocator, i.e. malloc
+smaps = open("/proc/self/smaps_rollup").read()
+print([int(l.split()[1]) for l in smaps.splitlines() if l.startswith("AnonHugePages:")][0])
+"""
+
+
+def test_huge_pages_reach_both_runs_processes_and_keep_the_users_tunables(tmp_path):
+    """Under --huge-pages, validate's environment, as a run's processes get it, puts
+    PyTorch's tensors on transparent huge pages; without it, the system's default. The
+    user's own tunables survive, their hugetlb setting wins."""
+    from neuronabox.fidelity import huge_pages
+    from neuronabox.fidelity.testbed import Host
+    from neuronabox.fidelity.validate import Job, Runner
+
+    assert huge_pages.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    )
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert huge_pages.with_huge_pages(mine) == mine and huge_pages.with_huge_pages({})["GLIBC_TUNABLES"] == (
+        "glibc.malloc.hugetlb=1"
+    )
+    off = tmp_path / "enabled"
+    off.write_text("always madvise [never]\n")
+    assert huge_pages.problem(off) == f"transparent huge pages are off ({off}: never)"
+    assert "no transparent huge pages" in huge_pages.problem(tmp_path / "absent")
+    if huge_pages.problem() is not None:
+        pytest.skip(huge_pages.problem())
+
+    def probe(huge: bool) -> int:
+        job = Job(2, 1, [0], [], ["x.py"], huge_pages=huge)
+        env = Runner(job, tmp_path, 60, loopback=True).env(Host("node0", "127.0.0.1"))
+        out = subprocess.run([sys.executable, "-c", HUGE_PAGES_PROBE], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)  # fmt: skip
+        return int(out.stdout.split()[-1])
+
+    assert probe(True) >= 32 << 10  # kB: at least half the tensor on 2 MiB pages
+    if "[madvise]" in huge_pages.THP_ENABLED.read_text():
+        assert probe(False) == 0  # only what malloc asked for gets them

@@ -47,6 +47,10 @@ def build_parser() -> ArgParser:
     p.add_argument("--realtime", action="store_true",
                    help="every real rank of both runs in the real-time class, as torchrun --realtime: for a host "
                    "whose kernel leaves wake-ups for the next tick (root or CAP_SYS_NICE)")  # fmt: skip
+    p.add_argument("--huge-pages", action="store_true",
+                   help="every process of both runs with malloc on transparent huge pages (glibc.malloc.hugetlb=1), "
+                   "as a job on a host with THP always would run: on a VM it takes out the speed a fresh launch "
+                   "draws from where its 4 KiB pages land (docs/fidelity.md, \"Huge pages\")")  # fmt: skip
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from neuronabox.controller.skew import DEFAULT as DEFAULT_SKEW
 from neuronabox.controller.skew import SkewError, checked_spec
+from neuronabox.fidelity import huge_pages
 from neuronabox.fidelity.calibrate import testbed_rate
 from neuronabox.fidelity.testbed import (
     Host,
@@ -83,6 +84,7 @@ class Job:
     iteration: str = "steps"  # steps: timed by the optimizer's steps; line: the script's own line
     warmup_steps: int = 3  # step intervals left out at the start (steps)
     realtime: bool = False  # every real rank of both runs in the real-time class (launcher/realtime.py)
+    huge_pages: bool = False  # every process of both runs with malloc on huge pages (huge_pages.py)
     results: list[RunResult] = field(default_factory=list)
 
     @property
@@ -145,7 +147,11 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
             raise UsageError(f"--topology: {exc}") from None
     if ns.realtime and (refused := realtime_problem()):
         raise UsageError(refused)
-    return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime)
+    if ns.huge_pages and (lacking := huge_pages.problem()):
+        raise UsageError(f"--huge-pages: {lacking}")
+    return Job(
+        nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime, ns.huge_pages
+    )
 
 
 # ---------------------------------------------------------------------------------
@@ -213,9 +219,12 @@ class Runner:
     def env(self, host: Host, steps: Path | None = None) -> dict[str, str]:
         """The user's environment without the PET_* variables torchrun would read as flags
         (PET_STANDALONE would make the all-real run ignore its master address); with
-        `steps`, the ranks log their optimizer steps there (sitecustomize)."""
+        `steps`, the ranks log their optimizer steps there (sitecustomize). The same for
+        both runs: the testbed's settings (huge pages) touch every process alike."""
         env = dict(without_pet(os.environ), GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
+        if self.job.huge_pages:
+            env = huge_pages.with_huge_pages(env)
         if steps is not None:
             steps.mkdir(parents=True, exist_ok=True)
             env[STEP_LOG] = str(steps)
@@ -369,6 +378,7 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         + (f" at {testbed_rate(ns) / 1e6:g} Mbit/s" if ns.testbed == "netns" else "")
         + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
         + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
+        *(["  every process of both runs with malloc on transparent huge pages (--huge-pages)"] * job.huge_pages),
         f"  all-real   {ms(cmp.real)}",
         f"  {'again' if floor else 'emulated':<10} {ms(cmp.other)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
