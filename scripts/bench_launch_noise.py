@@ -1,6 +1,7 @@
 """How much a fresh launch of the same compute differs from the last, on this machine.
 
     python scripts/bench_launch_noise.py [--launches N] [--steps S] [--workloads mlp,cnn,gpt] [--reps 5,15]
+                                         [--pages 4k,huge]
 
 `validate` compares medians of K runs a side, and every run is a new process. Each
 workload here runs alone (world 1: no peer, no network, no NeuronaBox), pinned to core
@@ -10,18 +11,22 @@ median iteration times, and the error that two sides of K launches each show wit
 difference between them at all (`validate`'s resolution: two sets of K drawn from the
 launches' medians, 2000 times; the 90th percentile of |median(A) / median(B) - 1|, and
 how often it is within `--bar`). An error smaller than that is not resolved at K repetitions,
-whatever the emulator does.
+whatever the emulator does. `--pages 4k,huge` runs every launch both ways, interleaved:
+malloc on the system's default pages, and on transparent huge pages as `validate` runs its
+processes by default (neuronabox/fidelity/huge_pages.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from neuronabox.fidelity.huge_pages import with_huge_pages
 from neuronabox.fidelity.validate import no_difference_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,11 +34,12 @@ LINE = re.compile(r"neuronabox-iteration .*median_ms=([0-9.]+)")
 WORKLOADS = {"mlp": "examples/mlp.py", "cnn": "examples/cnn.py", "gpt": "examples/gpt.py"}
 
 
-def launch(script: str, steps: int) -> float:
-    """One fresh process's median iteration time, ms."""
+def launch(script: str, steps: int, pages: str) -> float:
+    """One fresh process's median iteration time, ms; `pages`: 4k or huge."""
     cmd = ["taskset", "-c", "0", "chrt", "-r", "1", sys.executable, "-m", "torch.distributed.run",
            "--nproc-per-node", "1", script, "--steps", str(steps)]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    env = with_huge_pages(dict(os.environ)) if pages == "huge" else dict(os.environ)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     found = LINE.search(out.stdout + out.stderr)
     if out.returncode != 0 or not found:
         sys.exit(f"{script}: exit {out.returncode}: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -54,13 +60,18 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--reps", default="5", help="the K of `validate --repeat K` to give the floor for")
     p.add_argument("--bar", type=float, default=2.0, help="an error bar, %% (the chance a no-difference pair meets it)")
+    p.add_argument("--pages", default="4k", help="4k, huge or both (4k,huge): malloc's pages, interleaved")
     args = p.parse_args()
-    names = args.workloads.split(",")
+    pages = args.pages.split(",")
+    if set(pages) - {"4k", "huge"}:
+        sys.exit(f"--pages takes 4k and huge, got {args.pages!r}")
+    names = [f"{w} {pg}" if len(pages) > 1 else w for w in args.workloads.split(",") for pg in pages]
     reps = [int(k) for k in args.reps.split(",")]
     medians: dict[str, list[float]] = {n: [] for n in names}
     for i in range(args.launches):
         for n in names:  # interleaved: a drift of the machine weighs on every workload alike
-            medians[n].append(launch(WORKLOADS[n], args.steps))
+            w, _, pg = n.partition(" ")
+            medians[n].append(launch(WORKLOADS[w], args.steps, pg or pages[0]))
         print(f"launch {i + 1}/{args.launches}: " + ", ".join(f"{n} {medians[n][-1]:.2f}" for n in names), flush=True)
     head = " | ".join(f"no-difference error, K = {k}: p90, P(within {args.bar:g}%)" for k in reps)
     cols = ["launches", "median ms", "min .. max ms", "spread", head]

@@ -1,6 +1,7 @@
 """What two ranks on one host take from each other besides the cores: memory bandwidth.
 
     python scripts/bench_memory_contention.py [--repeat K] [--seconds S]
+    python scripts/bench_memory_contention.py --workloads cnn,mlp,gpt [--repeat K] [--pages 4k|huge]
 
 The loopback testbed's all-real baseline runs two ranks at once, one per core; its
 emulated run computes on one (the controller mostly waits). Each kernel runs for S
@@ -10,6 +11,12 @@ slows when the other core runs the same shares something the cores do not own (o
 VM: the host's memory bandwidth and last-level cache), and a workload made of such
 work runs faster emulated than all-real here for that reason alone. Prints a markdown
 table: each kernel's throughput alone and together, medians [min-max], and their ratio.
+
+`--workloads` does the same with whole training scripts, the kernels a validation really
+runs: each example at world 1, pinned to core 0 in the real-time class as `validate
+--realtime` runs its ranks (scripts/bench_launch_noise.py), once alone and once while a
+second copy trains on core 1, K pairs interleaved; the figure is core 0's median
+iteration time, and each pair's ratio.
 """
 
 from __future__ import annotations
@@ -17,10 +24,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import psutil
+from bench_launch_noise import ROOT, WORKLOADS, launch
+
+from neuronabox.fidelity.huge_pages import with_huge_pages
+from neuronabox.launcher.ports import free_port
+from neuronabox.launcher.ranks import SITE_DIR
+from neuronabox.observer.steps import STEP_LOG, step_file
 
 KERNELS = {
     "matmul 256x256 (compute)": "matmul",
@@ -71,10 +89,73 @@ def run(name: str, cores: list[int], seconds: float) -> float:
     return outs[0]
 
 
+def co_runner(script: str, folder: Path, pages: str) -> subprocess.Popen:
+    """The same script training on core 1 (world 1, 600 steps: several measured runs long),
+    returned once it has taken its first steps (its step log, sitecustomize)."""
+    env = dict(os.environ, **{STEP_LOG: str(folder)}, PYTHONPATH=str(SITE_DIR), OMP_NUM_THREADS="1")
+    env = with_huge_pages(env) if pages == "huge" else env
+    port = str(free_port("127.0.0.1"))  # the measured run has torchrun's default
+    cmd = ["taskset", "-c", "1", "chrt", "-r", "1", sys.executable, "-m", "torch.distributed.run",
+           "--master-port", port, "--nproc-per-node", "1", script, "--steps", "600"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (step_file(folder, 0).exists() and len(step_file(folder, 0).read_text().split()) >= 5):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            sys.exit(f"{script}: the co-runner on core 1 took no steps")
+        time.sleep(0.1)
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The co-runner and its rank: torchrun starts its workers in sessions of their own,
+    so its process group alone would leave the rank training."""
+    try:
+        family = [*psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        p.kill()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(family, timeout=10)
+
+
+def workloads(names: list[str], repeat: int, steps: int, pages: str) -> None:
+    """Each script's iteration time on core 0, alone and with a copy training on core 1."""
+    got = {n: {"alone": [], "together": []} for n in names}
+    for rep in range(repeat):
+        for n in names:
+            for how in ("alone", "together") if rep % 2 == 0 else ("together", "alone"):
+                if how == "alone":
+                    got[n][how].append(launch(WORKLOADS[n], steps, pages))
+                    continue
+                with tempfile.TemporaryDirectory() as d:
+                    other = co_runner(WORKLOADS[n], Path(d), pages)
+                    try:
+                        got[n][how].append(launch(WORKLOADS[n], steps, pages))
+                    finally:
+                        stop(other)
+        print(f"  repetition {rep + 1}/{repeat} done", file=sys.stderr, flush=True)
+    print(f"| workload, world 1 on core 0 ({pages} pages) | alone, ms | with a copy training on core 1, ms "
+          "| together / alone | per pair |")  # fmt: skip
+    print("|---|---:|---:|---:|---|")
+    for n, xs in got.items():
+        alone, together = statistics.median(xs["alone"]), statistics.median(xs["together"])
+        pairs = ", ".join(f"{t / a:.2f}" for a, t in zip(xs["alone"], xs["together"], strict=True))
+        a_lo, a_hi, t_lo, t_hi = min(xs["alone"]), max(xs["alone"]), min(xs["together"]), max(xs["together"])
+        print(f"| {n} | {alone:.2f} [{a_lo:.2f}-{a_hi:.2f}] | {together:.2f} [{t_lo:.2f}-{t_hi:.2f}] "
+              f"| {together / alone:.2f} | {pairs} |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--workloads", help="training scripts instead of kernels: " + ",".join(WORKLOADS))
+    ap.add_argument("--steps", type=int, default=40, help="--workloads: steps of each measured run")
+    ap.add_argument("--pages", default="4k", choices=("4k", "huge"), help="--workloads: malloc's pages")
     ap.add_argument("--side", nargs=3, metavar=("KERNEL", "CORE", "SECONDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
@@ -82,6 +163,12 @@ def main() -> None:
         return
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores")
+    if args.workloads:
+        names = args.workloads.split(",")
+        if unknown := [n for n in names if n not in WORKLOADS]:
+            sys.exit(f"no workload {unknown[0]!r}: {', '.join(WORKLOADS)}")
+        workloads(names, args.repeat, args.steps, args.pages)
+        return
     got = {k: {"alone": [], "together": []} for k in KERNELS}
     for rep in range(args.repeat):
         for label, name in KERNELS.items():
