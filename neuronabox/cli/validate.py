@@ -49,8 +49,8 @@ def build_parser() -> ArgParser:
                    "whose kernel leaves wake-ups for the next tick (root or CAP_SYS_NICE)")  # fmt: skip
     p.add_argument("--huge-pages", action="store_true",
                    help="every process of both runs with malloc on transparent huge pages (glibc.malloc.hugetlb=1), "
-                   "as a job on a host with THP always would run: on a VM it takes out the speed a fresh launch "
-                   "draws from where its 4 KiB pages land (docs/fidelity.md, \"Huge pages\")")  # fmt: skip
+                   "as a job on a host with THP always would run; it changes the job's own speed (a CNN's step 23%% "
+                   "faster on this project's VM; docs/fidelity.md, \"Huge pages\")")  # fmt: skip
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "
