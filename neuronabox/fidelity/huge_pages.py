@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from neuronabox.limits import read_bounded
+
 TUNABLE = "glibc.malloc.hugetlb"
 SETTING = f"{TUNABLE}=1"
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -23,8 +25,8 @@ GLIBC_WITH_TUNABLE = (2, 35)
 def problem(thp: Path = THP_ENABLED) -> str | None:
     """Why huge pages cannot be had here (a line), or None."""
     try:
-        mode = thp.read_text()
-    except OSError:
+        mode = read_bounded(thp, 4096, "THP setting").decode(errors="replace")
+    except (OSError, ValueError):
         return f"this kernel has no transparent huge pages ({thp} unreadable)"
     if "[never]" in mode:
         return f"transparent huge pages are off ({thp}: never)"
