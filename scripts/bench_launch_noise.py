@@ -34,12 +34,21 @@ LINE = re.compile(r"neuronabox-iteration .*median_ms=([0-9.]+)")
 WORKLOADS = {"mlp": "examples/mlp.py", "cnn": "examples/cnn.py", "gpt": "examples/gpt.py"}
 
 
+def pinned_run(script: str, steps: int, core: int = 0, torchrun: tuple[str, ...] = ()) -> list[str]:
+    """The command that trains `script` at world 1 on `core`, in the real-time class."""
+    return ["taskset", "-c", str(core), "chrt", "-r", "1", sys.executable, "-m", "torch.distributed.run", *torchrun,
+            "--nproc-per-node", "1", script, "--steps", str(steps)]  # fmt: skip
+
+
+def paged(env: dict[str, str], pages: str) -> dict[str, str]:
+    """`env` with malloc's pages as `pages` says (4k: the system's; huge: validate --huge-pages's)."""
+    return with_huge_pages(env) if pages == "huge" else env
+
+
 def launch(script: str, steps: int, pages: str) -> float:
-    """One fresh process's median iteration time, ms; `pages`: 4k or huge."""
-    cmd = ["taskset", "-c", "0", "chrt", "-r", "1", sys.executable, "-m", "torch.distributed.run",
-           "--nproc-per-node", "1", script, "--steps", str(steps)]  # fmt: skip
-    env = with_huge_pages(dict(os.environ)) if pages == "huge" else dict(os.environ)
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+    """One fresh process's median iteration time, ms, on core 0; `pages`: 4k or huge."""
+    env = paged(dict(os.environ), pages)
+    out = subprocess.run(pinned_run(script, steps), capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     found = LINE.search(out.stdout + out.stderr)
     if out.returncode != 0 or not found:
         sys.exit(f"{script}: exit {out.returncode}: {(out.stderr.strip().splitlines() or ['?'])[-1]}")

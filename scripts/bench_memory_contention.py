@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,12 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-from bench_launch_noise import ROOT, WORKLOADS, launch
+from bench_launch_noise import ROOT, WORKLOADS, launch, paged, pinned_run
 
-from neuronabox.fidelity.huge_pages import with_huge_pages
 from neuronabox.launcher.ports import free_port
 from neuronabox.launcher.ranks import SITE_DIR
+from neuronabox.launcher.reaping import Family
 from neuronabox.observer.steps import STEP_LOG, step_file
 
 KERNELS = {
@@ -89,37 +87,22 @@ def run(name: str, cores: list[int], seconds: float) -> float:
     return outs[0]
 
 
-def co_runner(script: str, folder: Path, pages: str) -> subprocess.Popen:
+def co_runner(script: str, folder: Path, pages: str) -> Family:
     """The same script training on core 1 (world 1, 600 steps: several measured runs long),
     returned once it has taken its first steps (its step log, sitecustomize)."""
-    env = dict(os.environ, **{STEP_LOG: str(folder)}, PYTHONPATH=str(SITE_DIR), OMP_NUM_THREADS="1")
-    env = with_huge_pages(env) if pages == "huge" else env
+    env = paged(dict(os.environ, **{STEP_LOG: str(folder)}, PYTHONPATH=str(SITE_DIR), OMP_NUM_THREADS="1"), pages)
     port = str(free_port("127.0.0.1"))  # the measured run has torchrun's default
-    cmd = ["taskset", "-c", "1", "chrt", "-r", "1", sys.executable, "-m", "torch.distributed.run",
-           "--master-port", port, "--nproc-per-node", "1", script, "--steps", "600"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    family = Family()  # torchrun starts its worker in a session of its own: the family stops it too
+    cmd = pinned_run(script, 600, core=1, torchrun=("--master-port", port))
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    family.add(subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, **quiet))
     deadline = time.monotonic() + 120
     while not (step_file(folder, 0).exists() and len(step_file(folder, 0).read_text().split()) >= 5):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
+        if family.children[0].poll() is not None or time.monotonic() > deadline:
+            family.stop(grace=3)
             sys.exit(f"{script}: the co-runner on core 1 took no steps")
         time.sleep(0.1)
-    return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """The co-runner and its rank: torchrun starts its workers in sessions of their own,
-    so its process group alone would leave the rank training."""
-    try:
-        family = [*psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        family = []
-    for p in family:
-        p.kill()
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    psutil.wait_procs(family, timeout=10)
+    return family
 
 
 def workloads(names: list[str], repeat: int, steps: int, pages: str) -> None:
@@ -136,7 +119,7 @@ def workloads(names: list[str], repeat: int, steps: int, pages: str) -> None:
                     try:
                         got[n][how].append(launch(WORKLOADS[n], steps, pages))
                     finally:
-                        stop(other)
+                        other.stop(grace=3)
         print(f"  repetition {rep + 1}/{repeat} done", file=sys.stderr, flush=True)
     print(f"| workload, world 1 on core 0 ({pages} pages) | alone, ms | with a copy training on core 1, ms "
           "| together / alone | per pair |")  # fmt: skip
