@@ -1,7 +1,7 @@
 """The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--rate R] [--repeat K] [--steps N] [--out DIR]
-                               [--noise-floor] [--skew auto|none|FILE] [--realtime]
+                               [--noise-floor] [--skew auto|none|FILE] [--realtime] [--resolve PCT [--max-repeat M]]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
 rates) it calibrates once, then validates every workload against that topology,
@@ -13,7 +13,10 @@ boundary message next to the model's time per message
 (where the controller is slower than the network it emulates, the error is the
 controller's: the native data plane's issue). The CSVs stay in DIR. `--noise-floor`
 puts a second all-real run in the emulated run's place: the same table of the testbed
-against itself, the error below which a row resolves nothing.
+against itself, the error below which a row resolves nothing. `--resolve PCT` has
+validate go on past K repetitions, in pairs, until its all-real runs resolve PCT (or
+`--max-repeat`); the table then gives how many it took and also the error of the first K
+alone, the figure a fixed K of repetitions would have read.
 """
 
 from __future__ import annotations
@@ -55,10 +58,13 @@ def nbx(*argv: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str, second: str) -> str:
+def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str, second: str, first: int = 0) -> str:
+    """The table's row from validate's CSV; `first`: also the error of the first this many
+    repetitions (under --resolve)."""
     rows = list(csv.DictReader(path.open()))
     real = [float(r["median_ms"]) for r in rows if r["mode"] == "all-real"]
     emu = [float(r["median_ms"]) for r in rows if r["mode"] == second]
+    head = f" {statistics.median(emu[:first]) / statistics.median(real[:first]) * 100 - 100:+.1f}% |" if first else ""
     errs = [e / r - 1 for r, e in zip(real, emu, strict=True)]
     err = statistics.median(emu) / statistics.median(real) - 1
     cpu = [float(r["controller_cpu_per_msg_us"]) for r in rows if r["controller_cpu_per_msg_us"]]
@@ -71,7 +77,8 @@ def row(path: Path, testbed: str, rate: str | None, nnodes: int, workload: str, 
 
     return (
         f"| {testbed} | {rate or '-'} | {nnodes} | {workload} | {ms(real)} | {ms(emu)} | "
-        f"{err * 100:+.1f}% ({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) | {resolution} | {pace} |"
+        f"{err * 100:+.1f}% ({min(errs) * 100:+.1f} .. {max(errs) * 100:+.1f}) | {resolution} | {len(real)} |{head} "
+        f"{pace} |"
     )
 
 
@@ -89,13 +96,21 @@ def main() -> int:
     p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
     p.add_argument("--realtime", action="store_true", help="every real rank in the real-time class (validate's)")
     p.add_argument("--huge-pages", action="store_true", help="malloc on transparent huge pages (validate's)")
+    p.add_argument("--resolve", metavar="PCT", help="go on past --repeat until the resolution reaches PCT (validate's)")
+    p.add_argument("--max-repeat", type=int, help="--resolve's cap on the repetitions (validate's)")
     ns = p.parse_args()
+    resolving = (
+        (["--resolve", ns.resolve] + (["--max-repeat", str(ns.max_repeat)] if ns.max_repeat else []))
+        if ns.resolve
+        else []
+    )
     second, floor = ("all-real-again", ["--noise-floor"]) if ns.noise_floor else ("emulated", [])
     out = Path(ns.out).resolve()
     out.mkdir(exist_ok=True)
+    first = f" error of the first {ns.repeat} |" if ns.resolve else ""
     print(f"| testbed | rate | W | workload | all-real ms (min-max) | {second} ms (min-max) | error (per rep) "
-          "| resolution | controller CPU / model time per message |")  # fmt: skip
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+          f"| resolution | repetitions |{first} controller CPU / model time per message |")  # fmt: skip
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|" + "---:|" * bool(ns.resolve))
     for testbed, rate, nnodes in CASES:
         if (ns.only and testbed != ns.only) or (ns.nnodes and nnodes != ns.nnodes) or (ns.rate and rate != ns.rate):
             continue
@@ -116,10 +131,10 @@ def main() -> int:
             skew = [] if ns.noise_floor else ["--skew", ns.skew]
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
                 "--warmup-steps", str(ns.warmup), *skew, *floor, *(["--realtime"] if ns.realtime else []),
-                *(["--huge-pages"] if ns.huge_pages else []),
+                *(["--huge-pages"] if ns.huge_pages else []), *resolving,
                 "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
-            print(row(csv_path, testbed, rate, nnodes, name, second), flush=True)
+            print(row(csv_path, testbed, rate, nnodes, name, second, ns.repeat if ns.resolve else 0), flush=True)
     return 0
 
 

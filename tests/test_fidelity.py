@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -31,7 +32,7 @@ from neuronabox.fidelity.testbed import (
     stale,
     sweep_stale,
 )
-from neuronabox.fidelity.validate import Comparison, no_difference_error
+from neuronabox.fidelity.validate import Comparison, no_difference_error, plan_of, resolution_of
 
 MLP = str(ROOT / "examples" / "mlp.py")
 TRAIN_DDP = str(ROOT / "examples" / "train_ddp.py")  # an unmodified script: it prints no iteration line
@@ -75,6 +76,13 @@ def test_help_and_bad_input(run):
         (("validate", "--nnodes", "2", "--", "no_such_script.py"), "no script 'no_such_script.py'"),
         (("validate", "--nnodes", "2", "--real-ranks", "0,1", "--", MLP), "every node is real"),
         (("validate", "--nnodes", "2", "--repeat", "0", "--", MLP), "--repeat must be at least 1"),
+        (("validate", "--nnodes", "2", "--resolve", "two", "--", MLP), "--resolve is a percentage, e.g. 2%"),
+        (("validate", "--nnodes", "2", "--resolve", "0%", "--", MLP), "--resolve must be above 0%"),
+        (("validate", "--nnodes", "2", "--max-repeat", "9", "--", MLP), "--max-repeat caps --resolve"),
+        (
+            ("validate", "--nnodes", "2", "--repeat", "5", "--resolve", "2", "--max-repeat", "4", "--", MLP),
+            "--max-repeat must be at least --repeat and 3",
+        ),
         (("validate", "--nnodes", "2", "--iteration", "wall", "--", MLP), "--iteration is steps or line"),
         (("validate", "--nnodes", "2", "--warmup-steps", "-1", "--", MLP), "--warmup-steps must be at least 0"),
         (("validate", "--nnodes", "2", "--skew", "nofile.txt", "--", MLP), "--skew nofile.txt: no such file"),
@@ -117,6 +125,31 @@ def test_the_resolution_reads_the_all_real_runs_own_spread():
     assert sum(e >= wide.resolution for e in errs) >= 0.07 * len(errs)
 
 
+def test_resolve_goes_on_in_pairs_until_the_all_real_runs_resolve_the_target():
+    """--repeat alone runs that many; --resolve goes on past it, a pair (both orders) at a
+    time, and stops at the first even count whose all-real runs resolve the target, or at
+    --max-repeat."""
+    fixed = plan_of(5, None, None)
+    assert [fixed.more([10.0] * k) for k in range(7)] == [True] * 5 + [False] * 2
+    assert plan_of(3, "2%", None).target == plan_of(3, "2", None).target == 0.02
+    counts = []
+    for pattern, cap in (((10.0, 10.3, 9.7, 10.15, 9.85), 200), ((10.0, 10.3, 9.7, 10.15, 9.85), 8),
+                         ((10.0, 10.02, 9.98), 200)):  # fmt: skip
+        plan = plan_of(5, "2%", cap)
+        runs: list[float] = []
+        while plan.more(runs):
+            runs.append(pattern[len(runs) % len(pattern)])
+        reached = resolution_of(runs)
+        counts.append(len(runs))
+        if len(runs) == cap:
+            assert reached > 0.02 and "not resolved" in plan.outcome(reached, len(runs))
+            continue
+        assert len(runs) % 2 == 0 and reached <= 0.02 and "resolved   " in plan.outcome(reached, len(runs))
+        assert all(resolution_of(runs[:k]) > 0.02 for k in range(6, len(runs), 2))  # it stopped at the first
+    # runs 2.4% apart take more than 8 repetitions; runs 0.2% apart resolve 2% once the first pair is whole
+    assert 8 < counts[0] < 200 and counts[1] == 8 and counts[2] == 6
+
+
 def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path):
     """Two ranks each on a core, the paper's setup: calibrate, then one all-real and one
     emulated run of an unmodified DDP script, timed by its optimizer steps in both, a
@@ -153,14 +186,21 @@ def test_validate_noise_floor_runs_all_real_against_all_real(run, tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the loopback testbed needs two cores")
     out = tmp_path / "v.csv"
-    res = run("validate", "--nnodes", "2", "--repeat", "1", "--noise-floor", "--csv", str(out), "--",
-              TRAIN_DDP, "--steps", "8", timeout=300)  # fmt: skip
+    res = run("validate", "--nnodes", "2", "--repeat", "1", "--noise-floor", "--resolve", "0.001%", "--max-repeat", "3",
+              "--csv", str(out), "--", TRAIN_DDP, "--steps", "8", timeout=400)  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
     assert "calibrating" not in res.out and "CPU per boundary message" not in res.out
     assert re.search(r"^  again +[0-9.]+ ms", res.out, re.M) and "the noise floor: all-real against all-real" in res.out
+    # --resolve past --repeat 1: no fresh launches resolve 0.001%, so it stops at --max-repeat,
+    # the order flipped every repetition, and says so
+    assert "3 interleaved repetitions" in res.out
+    assert re.search(r"not resolved: [0-9.]+% after 3 repetitions, the --max-repeat \(--resolve 0.001%\)", res.out)
     rows = list(csv.DictReader(out.open()))
-    assert [r["mode"] for r in rows] == ["all-real", "all-real-again", "error"]
-    first, again = float(rows[0]["median_ms"]), float(rows[1]["median_ms"])
+    runs = ["all-real", "all-real-again", "all-real-again", "all-real", "all-real", "all-real-again"]
+    assert [r["mode"] for r in rows] == [*runs, "resolution", "error"]
+    assert [int(r["rep"]) for r in rows[:6]] == [0, 0, 1, 1, 2, 2]
+    first = statistics.median(float(r["median_ms"]) for r in rows[:6] if r["mode"] == "all-real")
+    again = statistics.median(float(r["median_ms"]) for r in rows[:6] if r["mode"] == "all-real-again")
     # The CSV's medians are rounded to 1 us: a slow second run (a 7x outlier under the suite's
     # load) makes that rounding worth more than 0.1 of a percentage point; the bound follows it.
     rounding = 100 * 0.0005 * (1 / first + again / first**2)

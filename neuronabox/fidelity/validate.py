@@ -62,6 +62,67 @@ STEP_FILE_BYTES = 64 << 20  # a step log of a million steps at most
 CPU_HEADROOM = 0.8
 
 
+# ---------------------------------------------------------------------------------
+# how many repetitions
+# ---------------------------------------------------------------------------------
+MAX_REPEAT = 60  # --resolve's default cap: a CNN here resolves 2% at about 60 (docs/fidelity.md)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many interleaved repetitions a validate runs: `repeat`; under --resolve, then pairs
+    more (both orders, so a drift weighs on both sides alike) until the all-real runs resolve
+    `target` (their resolution at or under it) or `at_most` are done. Five repetitions resolve
+    2% here for some workloads only (a fresh launch runs at a speed of its own for its whole
+    life): the error of a fixed count is then a draw, not a finding."""
+
+    repeat: int
+    target: float | None = None  # the resolution to reach, a fraction (--resolve)
+    at_most: int = MAX_REPEAT
+
+    def more(self, real: list[float]) -> bool:
+        """Whether to run another repetition, given each done one's all-real median."""
+        done = len(real)
+        if done < self.repeat:
+            return True
+        if self.target is None or done >= self.at_most:
+            return False
+        if done % 2:
+            return True  # the pair's second order
+        reached = resolution_of(real)
+        return reached is None or reached > self.target
+
+    def outcome(self, resolution: float | None, done: int) -> str | None:
+        """The report's line on --resolve, None without it."""
+        if self.target is None:
+            return None
+        want = f"--resolve {self.target * 100:g}%"
+        if resolution is not None and resolution <= self.target:
+            return f"  resolved   {resolution * 100:.1f}% at {done} repetitions ({want})"
+        got = "no resolution" if resolution is None else f"{resolution * 100:.1f}%"
+        return f"  not resolved: {got} after {done} repetitions, the --max-repeat ({want}): this testbed is too noisy"
+
+
+def plan_of(repeat: int, resolve: str | None, at_most: int | None) -> Plan:
+    """--repeat, --resolve (a percentage: 2 or 2%) and --max-repeat; UsageError names what is wrong."""
+    if repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {repeat}")
+    if resolve is None:
+        if at_most is not None:
+            raise UsageError("--max-repeat caps --resolve: give --resolve too")
+        return Plan(repeat)
+    try:
+        target = float(resolve.strip().removesuffix("%")) / 100
+    except ValueError:
+        raise UsageError(f"--resolve is a percentage, e.g. 2%, got {resolve!r}") from None
+    if not 0 < target < 1:
+        raise UsageError(f"--resolve must be above 0% and below 100%, got {resolve!r}")
+    at_most = MAX_REPEAT if at_most is None else at_most
+    if at_most < max(repeat, 3):
+        raise UsageError(f"--max-repeat must be at least --repeat and 3 (the fewest a resolution needs), got {at_most}")
+    return Plan(repeat, target, at_most)
+
+
 @dataclass
 class RunResult:
     mode: str  # all-real | emulated | all-real-again (the noise floor's second run)
@@ -85,6 +146,7 @@ class Job:
     warmup_steps: int = 3  # step intervals left out at the start (steps)
     realtime: bool = False  # every real rank of both runs in the real-time class (launcher/realtime.py)
     huge_pages: bool = False  # every process of both runs with malloc on huge pages (huge_pages.py)
+    plan: Plan = field(default_factory=lambda: Plan(3))
     results: list[RunResult] = field(default_factory=list)
 
     @property
@@ -96,8 +158,7 @@ class Job:
 def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
     """The job `neuronabox validate` runs, from its own flags (`ns`), the torchrun flags it
     passes through (`rest`) and the script; UsageError names what is wrong."""
-    if ns.repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
+    plan = plan_of(ns.repeat, ns.resolve, ns.max_repeat)
     if ns.iteration not in ("steps", "line"):
         raise UsageError(f"--iteration is steps or line, got {ns.iteration!r}")
     if ns.warmup_steps < 0:
@@ -149,9 +210,8 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
         raise UsageError(refused)
     if ns.huge_pages and (lacking := huge_pages.problem()):
         raise UsageError(f"--huge-pages: {lacking}")
-    return Job(
-        nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime, ns.huge_pages
-    )
+    return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime,
+               ns.huge_pages, plan)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------
@@ -345,9 +405,14 @@ class Comparison:
     def resolution(self) -> float | None:
         """The smallest error these repetitions resolve, from the all-real runs alone (see
         `no_difference_error`); None under 3 repetitions."""
-        if len(self.real) < 3:
-            return None
-        return statistics.quantiles(no_difference_error(self.real, len(self.real)), n=10)[-1]
+        return resolution_of(self.real)
+
+
+def resolution_of(real: list[float]) -> float | None:
+    """The p90 of `no_difference_error` at as many runs as `real` holds; None under 3."""
+    if len(real) < 3:
+        return None
+    return statistics.quantiles(no_difference_error(real, len(real)), n=10)[-1]
 
 
 def no_difference_error(runs: list[float], k: int, draws: int = 2000, seed: int = 0) -> list[float]:
@@ -376,7 +441,7 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         f"neuronabox validate: {' '.join(job.script)}",
         f"  world {job.nnodes} x {job.nproc}, real nodes {job.real_nodes}, testbed {ns.testbed}"
         + (f" at {testbed_rate(ns) / 1e6:g} Mbit/s" if ns.testbed == "netns" else "")
-        + f", {ns.repeat} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
+        + f", {len(cmp.real)} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
         + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
         *(["  every process of both runs with malloc on transparent huge pages (--huge-pages)"] * job.huge_pages),
         f"  all-real   {ms(cmp.real)}",
@@ -388,6 +453,8 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
             f"  resolution {cmp.resolution * 100:.1f}%   (two sets of {len(cmp.real)} all-real runs drawn from these "
             "differ by this much at p90: a smaller error is not resolved)"
         )
+    if (outcome := job.plan.outcome(cmp.resolution, len(cmp.real))) is not None:
+        lines.append(outcome)
     if floor:
         lines.append(
             f"  the noise floor: all-real against all-real; at {len(cmp.real)} repetitions this testbed "
