@@ -312,10 +312,10 @@ class Instance:
             if timing.meter is not None:
                 self.turnarounds = book.take_turnarounds()
             timing.record_lateness(*book.take_lateness())
-            timing.ended(self.group.name, self.tag, times)  # --skew auto: the real rank's gap starts
             # no emulated send to a real rank: nothing the controller released could hold one up
             lag = book.lag()
             self.lag = (0.0 if timing.active else None) if lag is None else max(0.0, lag)
+            timing.ended(self.group.name, self.tag, times, self.lag or 0.0)  # --skew auto: the real rank's gap starts
         self.ended_at = end
         self._move(Phase.COMPLETE)
         self.engine.completed(self)

@@ -102,11 +102,12 @@ class ReleaseTiming:
         edge = schedule.edge_work(self.work if work is None else work)
         return timeline_for(schedule, hop, entry, real, self.modeled, edge)
 
-    def ended(self, group: str, tag: int, rank_times: dict) -> None:
-        """An instance's book completed; `rank_times`: each real rank's (first, last message).
-        Only drawn skew reads it: nothing is done per instance otherwise."""
+    def ended(self, group: str, tag: int, rank_times: dict, lag: float = 0.0) -> None:
+        """An instance's book completed; `rank_times`: each real rank's (first, last message);
+        `lag`: the emulator's (Book.lag). Only drawn skew reads them: nothing is done per
+        instance otherwise."""
         if rank_times and self.skew.mode != "none":
-            self.skew.ended(f"{group}/{tag}", max(last for _, last in rank_times.values()))
+            self.skew.ended(f"{group}/{tag}", max(last for _, last in rank_times.values()), lag)
 
     def predicted(self, kind: Kind, nbytes: int, schedule: Schedule, rank: int, work: HostWork | None = None) -> float:
         """The model's time for the instance as real `rank` sees it (every other rank

@@ -202,11 +202,13 @@ class Skew:
         end = self._last_end
         return self._last[1] if end is None or end > t0 else None
 
-    def ended(self, instance: str, t: float) -> None:
+    def ended(self, instance: str, t: float, lag: float = 0.0) -> None:
         """The real rank's last message of `instance` crossed at `t`: whether a collective
         entered later found it in flight; under auto the next gap starts here, and the
-        instance's span, less the wait its draws made, is a sample of the real rank's stalls
-        at its place."""
+        instance's span, less the wait its draws made and the emulator's own `lag` (its
+        latest send's, past release and inputs), is a sample of the real rank's stalls at
+        its place. A span with the lag in it would draw the emulator's lateness again, as
+        the emulated ranks' the next iteration."""
         if self._last is not None and self._last[0] == instance:
             self._last_end = t
         if self.mode != "auto":
@@ -218,7 +220,7 @@ class Skew:
         place, entry, world, real = opened
         waited = latest_entry(entry, world, real) if entry.draws and world else 0.0
         spans = self._spans.setdefault(place, deque(maxlen=WINDOW))
-        spans.append(max(0.0, t - entry.t0 - waited))
+        spans.append(max(0.0, t - entry.t0 - waited - lag))
 
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
@@ -226,14 +228,15 @@ class Skew:
         self._seen.clear()
 
     @classmethod
-    def recorded(cls, entries: list[tuple[tuple, float, float]], steps: list[float], seed: int = 0) -> Skew:
+    def recorded(cls, entries: list[tuple[tuple, float, float, float]], steps: list[float], seed: int = 0) -> Skew:
         """`auto` for a replay: the draws a live run would have made from the real rank's
-        recorded collectives ((group, kind, bytes), entry, end) and its optimizer steps, fixed:
+        recorded collectives ((group, kind, bytes), entry, end, the emulator's lag) and its
+        optimizer steps, fixed:
         each instance of a key, in order, draws from what its place had then; past them (a
         replay of another program), from the pool."""
         skew = cls("auto", seed=seed)
         events = [(t, 1, -1, ()) for t in steps]
-        for i, (key, start, end) in enumerate(entries):
+        for i, (key, start, end, _) in enumerate(entries):
             events += [(start, 2, i, key), (end, 0, i, key)]  # at one time: an end, a step, then an entry
         replay: dict[tuple, deque[tuple[float, ...]]] = {}
         for t, what, i, key in sorted(events, key=lambda e: e[:3]):
@@ -242,7 +245,7 @@ class Skew:
             elif what == 2:
                 replay.setdefault(key, deque()).append(skew.entry(t, {}, key, str(i)).draws)
             else:
-                skew.ended(str(i), t)
+                skew.ended(str(i), t, entries[i][3])
         return cls("fixed", tuple(skew._pool), seed, replay)
 
     def _observe(self, place: tuple, t: float) -> float:

@@ -97,6 +97,28 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
     assert not once._open and entry.draws == ()  # unobserved places draw from the pool: empty here
 
 
+def test_auto_skew_takes_the_emulators_own_lag_out_of_a_stall_sample():
+    """A span the emulator made longer (its latest send left `lag` past its release and
+    inputs) is no stall of the real rank's: drawn again, the emulated ranks would be late by
+    the emulator's lateness the next iteration too. Two histories, the same but for 0.5 ms of
+    the emulator's lag in the third instance, draw alike."""
+    from neuronabox.controller.skew import Skew
+
+    pools = []
+    for lag in (0.0, 0.5e-3):
+        skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
+        for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11e-3, 10e-3)):
+            skew.on_step()
+            t += gap
+            skew.entry(t, {}, key, f"0/{i}")
+            late = lag if i == 2 else 0.0
+            t += 1e-3 + late
+            skew.ended(f"0/{i}", t, late)
+        pools.append(tuple(skew._pool))
+    assert pools[0] == pytest.approx(pools[1], abs=1e-12)
+    assert pools[0] == pytest.approx((0.0, 1e-3, 0.0), abs=1e-12)  # the 11 ms gap's 1 ms, no stall
+
+
 @pytest.mark.parametrize("per_iteration", [1, 4])
 @pytest.mark.parametrize("stall", [0.0, 0.05])
 def test_auto_skew_gives_the_iteration_of_ranks_like_the_real_one(per_iteration, stall):

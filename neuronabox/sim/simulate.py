@@ -78,6 +78,7 @@ class Op:
     world: int = 0  # its group's size, recorded
     work: HostWork | None = None  # the measured local work its live run charged (its trace line's), if any
     free: bool = False  # entered without waiting for the collective before it (see `mark_free`)
+    lag: float = 0.0  # the emulator's lag its trace line recorded (Book.lag), not the real rank's stall
 
 
 @dataclass
@@ -105,7 +106,8 @@ def program_of(doc: dict) -> Program:
             groups[rec["group"]] = tuple(doc["groups"][rec["group"]])
         elem = rec["nbytes"] // rec["numel"] if rec.get("numel") else None
         ops.append(Op(Kind(rec["kind"]), rec["nbytes"], elem, rec["root"], times[0] * 1e-6, times[1] * 1e-6,
-                      rec["group"], rec["world"], work_of(rec.get("work"))))  # fmt: skip
+                      rec["group"], rec["world"], work_of(rec.get("work")),
+                      lag=(rec.get("lag_us") or 0.0) * 1e-6))  # fmt: skip
     ops.sort(key=lambda o: o.start)
     steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
     mark_free(ops, steps)
@@ -359,7 +361,7 @@ def skew_of(spec: str, prog: Program) -> Skew:
             return Skew.parse(spec)
         except SkewError as exc:
             raise SimulateError(str(exc)) from None
-    entries = [((op.group, str(op.kind), op.nbytes), op.start, op.end) for op in prog.ops]
+    entries = [((op.group, str(op.kind), op.nbytes), op.start, op.end, op.lag) for op in prog.ops]
     return Skew.recorded(entries, prog.steps)
 
 
