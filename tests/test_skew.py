@@ -97,6 +97,26 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
     assert not once._open and entry.draws == ()  # unobserved places draw from the pool: empty here
 
 
+def test_auto_skew_draws_a_span_longer_than_the_places_usual_as_a_stall_and_not_its_spread():
+    """A place's spans spread every iteration (1, 1.5, 2 ms in turn: a DDP bucket's transfer
+    sharing the core with the rest of the backward pass, as on every rank at once): that
+    spread is the place's usual, and only a span past the median of its recent ones is a
+    stall. The 6 ms span draws 4.5 ms; over the least it drew the ordinary spread too
+    (0.5, 1, 0.5, 1 ms more), which two real ranks do not wait for."""
+    from neuronabox.controller.skew import Skew
+
+    skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
+    for i, span in enumerate((1e-3, 1.5e-3, 2e-3, 1e-3, 1.5e-3, 2e-3, 6e-3, 1e-3)):
+        skew.on_step()
+        t += 10e-3  # the same gap every time: each draw is the stall alone
+        skew.entry(t, {}, key, f"0/{i}")
+        t += span
+        skew.ended(f"0/{i}", t)
+    # from the third entry on (the second has the first gap, nothing to exceed), each draws the span
+    # before it less the median of the spans so far
+    assert tuple(skew._pool) == pytest.approx((0.25e-3, 0.5e-3, 0.0, 0.0, 0.5e-3, 4.5e-3), abs=1e-12)
+
+
 def test_auto_skew_takes_the_emulators_own_lag_out_of_a_stall_sample():
     """A span the emulator made longer (its latest send left `lag` past its release and
     inputs) is no stall of the real rank's: drawn again, the emulated ranks would be late by
