@@ -44,8 +44,8 @@ both ranks see alike, not a stall of one. A DDP bucket's transfer shares the ran
 with the rest of the backward pass, on every rank at once; drawn again as the emulated
 rank's lateness it was counted twice. Measured on all-real runs at W = 2
 (`scripts/bench_skew_lateness.py`: the second rank's entry lateness from PyTorch's flight
-recorder), draws with the excess over the least summed to 1.2x to 4.3x the real lateness
-on the six workloads of docs/fidelity.md, with the median 0.95x to 3.0x; interleaved
+recorder), draws with the excess over the least summed to 1.2x to 3.9x the real lateness
+on the six workloads of docs/fidelity.md, with the median 1.0x to 3.2x; interleaved
 against all-real, the six's errors averaged +5.6% with the least and +1.7% with the median
 (noisy: docs/fidelity.md, "A stall is a span past the usual"). A rare stall
 (a wake-up left to the next tick) is still past the median, and drawn (tests/test_skew.py).
@@ -67,6 +67,7 @@ import math
 import statistics
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from neuronabox.errors import NeuronaBoxError
@@ -251,18 +252,28 @@ class Skew:
         each instance of a key, in order, draws from what its place had then; past them (a
         replay of another program), from the pool."""
         skew = cls("auto", seed=seed)
-        events = [(t, 1, -1, ()) for t in steps]
-        for i, (key, start, end, _) in enumerate(entries):
-            events += [(start, 2, i, key), (end, 0, i, key)]  # at one time: an end, a step, then an entry
         replay: dict[tuple, deque[tuple[float, ...]]] = {}
-        for t, what, i, key in sorted(events, key=lambda e: e[:3]):
-            if what == 1:
-                skew.on_step()
-            elif what == 2:
-                replay.setdefault(key, deque()).append(skew.entry(t, {}, key, str(i)).draws)
-            else:
-                skew.ended(str(i), t, entries[i][3])
+        for i, entry in skew.replayed(entries, steps):
+            replay.setdefault(entries[i][0], deque()).append(entry.draws)
         return cls("fixed", tuple(skew._pool), seed, replay)
+
+    def replayed(
+        self, entries: list[tuple[tuple, float, float, float]], steps: list[float]
+    ) -> Iterator[tuple[int, Entry]]:
+        """Feed this skew a recorded real rank's collectives (as `recorded` takes them) and
+        optimizer steps in time order, as a live run would, and yield each collective's
+        index with the entry it drew. No group's world is given: a recording's spans hold
+        the waits its own run made, none of these draws'."""
+        events = [(t, 1, -1) for t in steps]
+        for i, (_, start, end, _) in enumerate(entries):
+            events += [(start, 2, i), (end, 0, i)]  # at one time: an end, a step, then an entry
+        for t, what, i in sorted(events):
+            if what == 1:
+                self.on_step()
+            elif what == 2:
+                yield i, self.entry(t, {}, entries[i][0], str(i))
+            else:
+                self.ended(str(i), t, entries[i][3])
 
     def _observe(self, place: tuple, t: float) -> float:
         """The real rank entered `place` at `t`: its gap since its last collective ended is

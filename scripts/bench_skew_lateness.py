@@ -13,8 +13,9 @@ draws at the mechanism, against all-real runs, where an iteration-time compariso
   its entry less the other's: what the other waited for it;
 - emulated, `neuronabox torchrun --nnodes 2 --skew none --trace`: the real rank's
   collectives as recorded, replayed through `controller/skew.py` as a live run feeds it
-  (entries, ends, optimizer steps), and at each entry the emulated rank's drawn lateness
-  (`latest_entry`).
+  (entries, ends, optimizer steps: `Skew.replayed`), and at each entry the emulated rank's
+  drawn lateness (`latest_entry`). The recording made no waits for draws, so none is taken
+  out of its spans.
 
 It prints a markdown table per collective kind over the later three quarters of each run:
 the mean lateness of rank 1 after rank 0 (and of rank 0 after rank 1) all-real, the mean
@@ -96,30 +97,20 @@ def real_lateness(folder: Path) -> dict[str, list[float]]:
 
 def drawn_lateness(trace: Path) -> dict[str, list[float]]:
     """Kind -> the emulated rank's drawn lateness (ms) at each collective of the later three
-    quarters, the recorded real rank's collectives and steps fed to `Skew` as a live run does."""
+    quarters: the recorded real rank's collectives and steps replayed through `Skew` as a
+    live run feeds it (`Skew.replayed`, as `simulate --skew auto` does), each entry's draw
+    for the one emulated rank of W = 2."""
     from neuronabox.controller.skew import Skew, latest_entry
 
+    from neuronabox.sim.simulate import program_of, skew_entries
     from neuronabox.trace.records import load
 
-    doc = load(trace)
-    instances = doc["instances"]
-    events = [(t_us, 1, -1) for _, t_us in doc["steps"]]
-    for i, rec in enumerate(instances):
-        start, end = rec["per_rank"]["0"]
-        events += [(start, 2, i), (end, 0, i)]  # at one time: an end, a step, then an entry
-    skew, real = Skew("auto", seed=1), frozenset({0})
+    prog = program_of(load(trace))
+    entries = skew_entries(prog)
     late: dict[str, list[float]] = collections.defaultdict(list)
-    for t_us, what, i in sorted(events):
-        if what == 1:
-            skew.on_step()
-            continue
-        rec = instances[i]
-        if what == 2:
-            entry = skew.entry(t_us / 1e6, {}, (rec["group"], rec["kind"], rec["nbytes"]), str(i), 2, real)
-            if i >= len(instances) // 4:
-                late[rec["kind"]].append(latest_entry(entry, 2, real) * 1e3)
-        else:
-            skew.ended(str(i), t_us / 1e6, rec.get("lag_us", 0.0) / 1e6)
+    for i, entry in Skew("auto", seed=1).replayed(entries, prog.steps):
+        if i >= len(entries) // 4:
+            late[str(prog.ops[i].kind)].append(latest_entry(entry, 2, frozenset({0})) * 1e3)
     return late
 
 

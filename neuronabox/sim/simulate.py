@@ -361,8 +361,13 @@ def skew_of(spec: str, prog: Program) -> Skew:
             return Skew.parse(spec)
         except SkewError as exc:
             raise SimulateError(str(exc)) from None
-    entries = [((op.group, str(op.kind), op.nbytes), op.start, op.end, op.lag) for op in prog.ops]
-    return Skew.recorded(entries, prog.steps)
+    return Skew.recorded(skew_entries(prog), prog.steps)
+
+
+def skew_entries(prog: Program) -> list[tuple[tuple, float, float, float]]:
+    """The program's collectives as `Skew.recorded` takes them: (group, kind, bytes), entry,
+    end, the emulator's lag."""
+    return [((op.group, str(op.kind), op.nbytes), op.start, op.end, op.lag) for op in prog.ops]
 
 
 def network_of(doc: dict, nnodes: int, nproc: int, topology_name: str | None, model_name: str | None,
