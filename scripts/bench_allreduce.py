@@ -106,6 +106,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+    os.environ["PET_LOG_DIR"] = logs.name
     rows = []
     for label, nbytes in SIZES:
         ref = all_real(nbytes, args.reps)

@@ -24,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from neuronabox.fidelity.huge_pages import with_huge_pages
@@ -71,6 +72,8 @@ def main() -> None:
     p.add_argument("--bar", type=float, default=2.0, help="an error bar, %% (the chance a no-difference pair meets it)")
     p.add_argument("--pages", default="4k", help="4k, huge or both (4k,huge): malloc's pages, interleaved")
     args = p.parse_args()
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+    os.environ["PET_LOG_DIR"] = logs.name
     pages = args.pages.split(",")
     if set(pages) - {"4k", "huge"}:
         sys.exit(f"--pages takes 4k and huge, got {args.pages!r}")

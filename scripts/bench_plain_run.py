@@ -22,6 +22,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +48,8 @@ def main() -> None:
     p.add_argument("--python-starts", action="store_true", help="also run with every book started from Python")
     p.add_argument("--skew-none", action="store_true", help="also run emulated with --skew none")
     args = p.parse_args()
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+    os.environ["PET_LOG_DIR"] = logs.name
     script = [f"examples/{args.workload}.py", "--steps", str(args.steps)]
     all_real = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *script]
 

@@ -120,6 +120,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
     ns = p.parse_args()
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+    os.environ["PET_LOG_DIR"] = logs.name
     print("| workload | kind | collectives | all-real: rank 1 late (ms) | rank 0 late (ms) | drawn late (ms) "
           "| drawn / all-real, either rank |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")

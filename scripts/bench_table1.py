@@ -165,6 +165,8 @@ def main() -> None:
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     args = ap.parse_args()
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+    os.environ["PET_LOG_DIR"] = logs.name
     refs = [name for name in REFERENCES if getattr(args, name)]
     floor = args.noise_floor
     sizes = [parse_size(s) for s in args.sizes.split(",")]

@@ -34,6 +34,13 @@ def pytest_unconfigure(config) -> None:
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
+def left_in(tmp: Path) -> list[str]:
+    """What runs left in a temporary folder, less the folders shared by every run (the runs
+    registry, torch's compile cache): one a run is a leak."""
+    shared = lambda name: name == "neuronabox-runs" or name.startswith("torchinductor_")  # noqa: E731
+    return sorted(p.name for p in tmp.iterdir() if not shared(p.name))
+
+
 EXAMPLE = str(ROOT / "examples" / "train_ddp.py")
 SCRIPTS = ROOT / "tests" / "scripts"
 

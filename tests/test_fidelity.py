@@ -20,7 +20,7 @@ import sys
 import psutil
 import pytest
 import yaml
-from conftest import ROOT, Live
+from conftest import ROOT, Live, left_in
 from neuronabox.topology import load
 
 from neuronabox.fidelity.testbed import (
@@ -154,13 +154,16 @@ def test_validate_on_loopback_compares_a_real_and_an_emulated_run(run, tmp_path)
     """Two ranks each on a core, the paper's setup: calibrate, then one all-real and one
     emulated run of an unmodified DDP script, timed by its optimizer steps in both, a
     table and a CSV. The error is whatever it is; the test checks the comparison is made
-    of two real runs of the same rank."""
+    of two real runs of the same rank; a run that ends well leaves no folder (the all-real
+    torchruns' logs included: torchrun's own default is a /tmp folder nothing removes)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the loopback testbed needs two cores")
-    out = tmp_path / "v.csv"
+    out, tmp = tmp_path / "v.csv", tmp_path / "tmp"
+    tmp.mkdir()
     res = run("validate", "--nnodes", "2", "--repeat", "1", "--topology", "cpu-25gbe", "--csv", str(out), "--",
-              TRAIN_DDP, "--steps", "8", timeout=300)  # fmt: skip
+              TRAIN_DDP, "--steps", "8", timeout=300, env={"TMPDIR": str(tmp)})  # fmt: skip
     assert res.rc == 0, res.err[-3000:]
+    assert left_in(tmp) == []
     assert "between optimizer steps after 3" in res.out
     assert "huge pages" not in res.out  # the system's own pages unless asked (--huge-pages)
     table = re.search(r"all-real +([0-9.]+) ms.*\n +emulated +([0-9.]+) ms.*\n +error +([-+0-9.]+)%", res.out)

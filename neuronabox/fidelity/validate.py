@@ -299,6 +299,13 @@ class Runner:
             return iteration_ms(logs, self.job.rank)
         return step_iteration_ms(steps, self.job.rank, self.job.warmup_steps)
 
+    def log_dir(self) -> list[str]:
+        """The all-real torchruns' --log-dir, in this folder, unless the user gave one (as the
+        emulated run's launcher does: torchrun's default is a /tmp folder nothing removes)."""
+        if any(f.split("=")[0] == "--log-dir" for f in self.job.torchrun):  # as parsed: dashes
+            return []
+        return [f"--log-dir={self.folder / 'torchelastic'}"]
+
     def all_real(self, hosts: dict[int, Host], rep: int, mode: str = "all-real") -> RunResult:
         """`mode`: the run's name in the results (all-real, or all-real-again: the noise floor's second)."""
         j, port, t0 = self.job, self.next_port(), time.monotonic()
@@ -308,7 +315,7 @@ class Runner:
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", f"--nnodes={j.nnodes}", f"--nproc-per-node={j.nproc}",
                 f"--node-rank={node}", f"--master-addr={hosts[0].address}", f"--master-port={port}",
-                "--rdzv-backend=static", f"--rdzv-id=validate{rep}", *j.torchrun, *j.script,
+                "--rdzv-backend=static", f"--rdzv-id=validate{rep}", *self.log_dir(), *j.torchrun, *j.script,
             ]  # fmt: skip
             self.spawn(host, cmd, log, self.env(host, steps), realtime=j.realtime)
             logs.append(log)

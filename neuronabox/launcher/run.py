@@ -153,9 +153,11 @@ class Run:
         self.start_direct_ranks(env)
 
     def start_nodes(self, env: dict[str, str]) -> None:
-        """A stock torchrun for each real node here."""
+        """A stock torchrun for each real node here, its logs in the run's folder (the
+        user's --log-dir or PET_LOG_DIR aside)."""
+        logs = None if "PET_LOG_DIR" in env else self.dir / "torchelastic"
         for node in self.job.local_nodes:
-            self.torchruns.append(self.spawn(self.job.host_of(node), node_command(self.job, node), env, node))
+            self.torchruns.append(self.spawn(self.job.host_of(node), node_command(self.job, node, logs), env, node))
 
     def start_direct_ranks(self, env: dict[str, str]) -> None:
         """Each real rank started without an agent."""
