@@ -1,0 +1,189 @@
+"""What a peer's stalls inside a collective cost all-real, against the stall term `--skew auto` draws.
+
+    python scripts/bench_stall_share.py [--repeat 2] [--steps 300] [--realtime]
+
+`--skew auto` draws each emulated rank's lateness at a place as the real rank's gap excess
+(how much longer than its least recent gap it computed since its last collective ended)
+plus a stall term (how much longer than the place's usual span its last span there took).
+`scripts/bench_skew_lateness.py` finds the draws 1x to 3x a second real rank's entry
+lateness, but entry times cannot show a stall inside a collective, which holds the peer
+up as surely. This measures both parts all-real, on a loop whose collectives are all
+synchronous, so that a rank's return from each is its end: per step, a forward and
+backward pass, a 4-byte, a 64 KiB and a 4-byte allreduce, an optimizer step. W = 2:
+
+- all-real, under the stock `torch.distributed.run`, each rank on a core of its own: each
+  rank's entry into and return from every collective (one monotonic clock: one host),
+  gathered at the end. A rank's gap is its entry less its return from the collective
+  before; the correlation of the two ranks' gaps says how much of their variation they
+  share. The part of a collective both ranks spend after the later one entered (from the
+  later entry to the earlier return), in excess of its median at the place, is the stalls
+  of either rank that held both; one rank's share of it is half;
+- emulated, `neuronabox torchrun --nnodes 2 --skew none --trace`: the real rank's
+  collectives replayed through `controller/skew.py` as a live run feeds it
+  (`Skew.replayed`): its gap excess and its stall samples at each place, and the
+  lateness drawn for the one emulated rank.
+
+It prints a markdown table per place, the means over the later three quarters of each run.
+`--realtime`: every real rank of both runs in the real-time class (SCHED_RR 1, as validate
+--realtime; the all-real torchrun under `chrt`), where this VM's tick stalls leave the
+wake-ups (docs/fidelity.md, "Tick stalls").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLACES = ("4 B after compute", "64 KiB", "4 B")
+WORKER = """\
+import os, pickle, sys, time, torch, torch.distributed as dist
+if os.environ.get("NBX_PIN"):
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+opt = torch.optim.SGD(net.parameters(), lr=1e-6)
+x, tensors = torch.randn(32, 256), (torch.ones(1), torch.ones(16384), torch.ones(1))
+times = []
+for _ in range(int(sys.argv[1])):
+    net(x).sum().backward()
+    for t in tensors:
+        a = time.monotonic()
+        dist.all_reduce(t)
+        times.append((a, time.monotonic()))
+    opt.step()
+    opt.zero_grad()
+if os.environ.get("NBX_TIMES"):  # all-real: both ranks' times to rank 0
+    mine = torch.tensor(times, dtype=torch.float64)
+    both = [torch.zeros_like(mine) for _ in range(2)]
+    dist.all_gather(both, mine)
+    if dist.get_rank() == 0:
+        with open(os.environ["NBX_TIMES"], "wb") as f:
+            pickle.dump([b.tolist() for b in both], f)
+os._exit(0)
+"""
+
+
+def run(argv: list[str], env: dict[str, str]) -> None:
+    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv[:6])} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def excess_over_median(xs: list[float]) -> float:
+    med = statistics.median(xs)
+    return statistics.mean(max(0.0, x - med) for x in xs)
+
+
+def correlation(a: list[float], b: list[float]) -> float:
+    ma, mb = statistics.mean(a), statistics.mean(b)
+    sa, sb = math.fsum((x - ma) ** 2 for x in a), math.fsum((y - mb) ** 2 for y in b)
+    return math.fsum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True)) / math.sqrt(sa * sb) if sa and sb else 0.0
+
+
+def all_real(path: Path) -> dict[int, dict[str, float]]:
+    """Place -> the all-real figures (ms), over the later three quarters."""
+    ranks = pickle.loads(path.read_bytes())
+    n = len(ranks[0])
+    per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for k in range(max(1, n // 4), n):
+        (a0, b0), (a1, b1) = ranks[0][k], ranks[1][k]
+        p = per[k % len(PLACES)]
+        p["gap0"].append(a0 - ranks[0][k - 1][1])
+        p["gap1"].append(a1 - ranks[1][k - 1][1])
+        p["late"].append(abs(a1 - a0) / 2)  # either rank's lateness, the mean of the two
+        p["shared"].append(min(b0, b1) - max(a0, a1))
+    out = {}
+    for place, p in per.items():
+        gaps = [statistics.mean(g) - min(g) for g in (p["gap0"], p["gap1"])]
+        out[place] = {
+            "gap excess": 1e3 * statistics.mean(gaps),
+            "gap corr": correlation(p["gap0"], p["gap1"]),
+            "late": 1e3 * statistics.mean(p["late"]),
+            "share": 1e3 * excess_over_median(p["shared"]) / 2,
+        }
+    return out
+
+
+def place_index(place: tuple) -> int:
+    """A skew place (group, kind, bytes, how many of its name came before it this step) as
+    its index in PLACES."""
+    return 1 if place[2] == 65536 else 0 if place[3] == 0 else 2
+
+
+def emulated(trace: Path) -> dict[int, dict[str, float]]:
+    """Place -> the emulated run's figures (ms), over the later three quarters: the real
+    rank's gap excess (as all-real: entry less the end of the collective before), and, its
+    collectives replayed through a Skew as a live run feeds it, the stall samples and the
+    lateness drawn for the one emulated rank."""
+    from neuronabox.controller.skew import Skew, latest_entry
+
+    from neuronabox.sim.simulate import program_of, skew_entries
+    from neuronabox.trace.records import load
+
+    prog = program_of(load(trace))
+    entries = skew_entries(prog)
+    later = len(entries) // 4
+    per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for i in range(max(1, later), len(entries)):
+        per[i % len(PLACES)]["gaps"].append(entries[i][1] - entries[i - 1][2])
+    skew = Skew("auto", seed=1)
+    ended = skew.ended
+
+    def ended_noting_stalls(instance: str, t: float, lag: float = 0.0) -> None:
+        opened = skew._open.get(instance)
+        ended(instance, t, lag)
+        if opened is not None and int(instance) >= later:
+            per[place_index(opened[0])]["stall"].append(skew._stalls[opened[0]])
+
+    skew.ended = ended_noting_stalls
+    for i, entry in skew.replayed(entries, prog.steps):
+        if i >= later:
+            per[i % len(PLACES)]["drawn"].append(latest_entry(entry, 2, frozenset({0})))
+    out = {}
+    for place, d in per.items():
+        out[place] = {k: 1e3 * statistics.mean(v) for k, v in d.items() if v and k != "gaps"}
+        out[place]["gap"] = 1e3 * (statistics.mean(d["gaps"]) - min(d["gaps"]))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--realtime", action="store_true", help="every real rank of both runs in the real-time class")
+    ns = p.parse_args()
+    chrt = ["chrt", "-r", "1"] if ns.realtime else []
+    print("| run | place | all-real: gap excess (ms) | gaps' correlation | entry lateness, either rank (ms) "
+          "| in-collective stall, one rank's share (ms) | emulated: gap excess (ms) | stall samples (ms) "
+          "| drawn lateness (ms) |")  # fmt: skip
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = Path(tmp, "stall_loop.py")
+        worker.write_text(WORKER)
+        os.environ["PET_LOG_DIR"] = tmp  # the stock torchruns' logs go with the folder
+        for rep in range(ns.repeat):
+            times, trace = Path(tmp, f"times{rep}.pkl"), Path(tmp, f"trace{rep}.jsonl")
+            run([*chrt, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(worker),
+                 str(ns.steps)], {"NBX_PIN": "1", "NBX_TIMES": str(times)})  # fmt: skip
+            run([sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--skew", "none", "--trace",
+                 str(trace), *(["--realtime"] if ns.realtime else []), str(worker), str(ns.steps)], {})  # fmt: skip
+            real, emu = all_real(times), emulated(trace)
+            for place, name in enumerate(PLACES):
+                r, e = real[place], emu.get(place, {})
+                emu_cells = " | ".join(f"{e.get(k, 0.0):.3f}" for k in ("gap", "stall", "drawn"))
+                print(f"| {rep} | {name} | {r['gap excess']:.3f} | {r['gap corr']:+.2f} | {r['late']:.3f} "
+                      f"| {r['share']:.3f} | {emu_cells} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
