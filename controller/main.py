@@ -25,6 +25,7 @@ from neuronabox.delay_models.whatif import WhatIf
 from neuronabox import delay_models, topology
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import read_bounded
+from neuronabox.observer.clock import boot_id
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver, raise_fd_limit
@@ -42,6 +43,7 @@ from .status import StatusService
 from .watchdog import RankStalled, Watchdog
 
 STORE_LOST_GRACE_S = 10.0  # see Controller._store_failed
+BOOT = boot_id()  # an observer on this host reads the same, and its times are on this clock
 
 
 class Controller:
@@ -123,6 +125,7 @@ class Controller:
             on_step=self._stepped,
             on_dtypes=self.recorder.on_dtypes,
             on_loaded=lambda rank: self.watchdog.expect(rank, time.monotonic()),
+            on_held=self._held,
         )
         self.membership.on_generation = self.observers.forget_notes
         driver.accept_router = self.membership.may_dial_in
@@ -170,6 +173,16 @@ class Controller:
         self.recorder.on_step(rank, t)
         if rank == self.cfg.real_ranks[0]:
             self.timing.skew.on_step()  # --skew auto: the first real rank's iteration begins
+
+    def _held(self, rank: int, start: float, end: float, boot: str) -> None:
+        """A real rank's observer held its core from `start` to `end` (a flight-recorder
+        dump): into the trace, and out of --skew auto's gaps when it is the first real
+        rank's. Only on this host's clock (the same boot); a rank elsewhere is not told."""
+        if not boot or boot != BOOT:
+            return
+        self.recorder.on_held(rank, start, end)
+        if rank == self.cfg.real_ranks[0]:
+            self.timing.skew.held(start, end)
 
     def log(self, what: str) -> None:
         print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)

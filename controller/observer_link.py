@@ -36,7 +36,7 @@ class Question(NamedTuple):
 
 
 class ObserverLink:
-    """`on_group`, `on_anysource`, `on_step`, `on_dtypes`, `on_loaded`: where the observers' reports go
+    """`on_group`, `on_anysource`, `on_step`, `on_dtypes`, `on_loaded`, `on_held`: where the observers' reports go
     (ObserverHub's hooks of those names); `register`, `unregister`, `call_at`: the loop's."""
 
     def __init__(
@@ -53,6 +53,7 @@ class ObserverLink:
         on_step: Callable[[int, float], None],
         on_dtypes: Callable[[list[list]], None],
         on_loaded: Callable[[int], None] = lambda rank: None,
+        on_held: Callable[[int, float, float, str], None] = lambda rank, start, end, boot: None,
     ) -> None:
         self.engine = engine
         self.secret = secret  # an observer's hello carries it (the ready file has it)
@@ -65,6 +66,7 @@ class ObserverLink:
         self.hub.on_step = on_step
         self.hub.on_dtypes = on_dtypes
         self.hub.on_loaded = on_loaded
+        self.hub.on_held = on_held
         self.hub.on_meta = self._on_noted
         self._questions: dict[int, Question] = {}
         self._qid = 0

@@ -81,6 +81,11 @@ class RunRecorder:
         if self.trace is not None:
             self.trace.step(rank, t)
 
+    def on_held(self, rank: int, start: float, end: float) -> None:
+        """Real rank `rank`'s observer held its core from `start` to `end` (monotonic seconds)."""
+        if self.trace is not None:
+            self.trace.held(rank, start, end)
+
     def on_dtypes(self, dtypes: list[list]) -> None:
         """[[group, tag, dtype], ...] of the collectives the real ranks issued."""
         if self.trace is not None:

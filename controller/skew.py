@@ -21,7 +21,8 @@ per instance, from a distribution (`schedules.timing.Entry`):
   its stalls inside it. At each place, the real rank's gap in excess of the least of its
   recent gaps there, plus its stall there the iteration before (the collective's span,
   less the wait its draws made, in excess of the place's usual span: the median of its
-  recent ones), is one draw. An instance
+  recent ones), is one draw; the time the emulator's own work held the real rank (its
+  observer's flight-recorder dumps) is left out of the gaps. An instance
   draws from its place's own recent draws (from the pool of every place's until it has
   PLACE_DRAWS): a collective entered right after a blocking one finds its ranks in step,
   another after a variable stretch of compute does not. The draws are shifted down by
@@ -82,6 +83,7 @@ PLACE_DRAWS = 4  # auto: a place draws from its own samples once it has this man
 MAX_DELAY_S = 60.0
 MAX_OPEN = 4096  # auto: instances entered and not yet ended, kept for their spans
 MAX_PLACES = 4096  # auto: places observed (an iteration longer than this draws its later ones from the pool)
+MAX_HELD = 64  # auto: the emulator's holds on the real rank kept until the gap they fell in is taken
 DEFAULT = "auto"  # closer to all-real than none: 6 of 6 workloads at W = 2, 4 of 6 at W = 4 (docs/fidelity.md)
 EXACT_RANKS = 16  # `latest_entry` draws this many emulated ranks one by one (189 us at 256: on the loop)
 
@@ -150,6 +152,7 @@ class Skew:
         self._replay = replay or {}  # recorded: key -> each instance's draws, in order
         self._last: tuple[str, Entry] | None = None  # the latest instance entered, and its entry
         self._last_end: float | None = None  # when it ended (None: not yet, as far as told)
+        self._held: deque[tuple[float, float]] = deque(maxlen=MAX_HELD)  # auto: the emulator's own work in the rank
 
     @classmethod
     def parse(cls, spec: str | None, seed: int = 0) -> Skew:
@@ -239,36 +242,65 @@ class Skew:
         spans.append(max(0.0, t - entry.t0 - waited - lag))
         self._stalls[place] = max(0.0, spans[-1] - statistics.median(spans))  # off the start's path
 
+    def held(self, start: float, end: float) -> None:
+        """The emulator's own work held the real rank's core from `start` to `end` (its
+        observer's flight-recorder dump, told by the observer): auto leaves it out of the gap
+        it fell in. It is not the rank's variation: an all-real rank never does it, and drawn
+        as the emulated ranks' lateness it was paid twice (docs/fidelity.md, "The observer's
+        dumps")."""
+        if self.mode == "auto" and end > start:
+            self._held.append((start, end))
+
+    def _held_within(self, since: float, t: float) -> float:
+        """The emulator's hold on the real rank between `since` and `t`; holds that ended
+        before `since` are let go (gaps start at ever later ends)."""
+        held = self._held
+        while held and held[0][1] <= since:
+            held.popleft()
+        return sum(max(0.0, min(end, t) - max(start, since)) for start, end in held)
+
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
         self._stepped = True
         self._seen.clear()
 
     @classmethod
-    def recorded(cls, entries: list[tuple[tuple, float, float, float]], steps: list[float], seed: int = 0) -> Skew:
+    def recorded(
+        cls,
+        entries: list[tuple[tuple, float, float, float]],
+        steps: list[float],
+        seed: int = 0,
+        held: list[tuple[float, float]] = (),
+    ) -> Skew:
         """`auto` for a replay: the draws a live run would have made from the real rank's
-        recorded collectives ((group, kind, bytes), entry, end, the emulator's lag) and its
-        optimizer steps, fixed:
+        recorded collectives ((group, kind, bytes), entry, end, the emulator's lag), its
+        optimizer steps and the emulator's holds on it, fixed:
         each instance of a key, in order, draws from what its place had then; past them (a
         replay of another program), from the pool."""
         skew = cls("auto", seed=seed)
         replay: dict[tuple, deque[tuple[float, ...]]] = {}
-        for i, entry in skew.replayed(entries, steps):
+        for i, entry in skew.replayed(entries, steps, held):
             replay.setdefault(entries[i][0], deque()).append(entry.draws)
         return cls("fixed", tuple(skew._pool), seed, replay)
 
     def replayed(
-        self, entries: list[tuple[tuple, float, float, float]], steps: list[float]
+        self,
+        entries: list[tuple[tuple, float, float, float]],
+        steps: list[float],
+        held: list[tuple[float, float]] = (),
     ) -> Iterator[tuple[int, Entry]]:
-        """Feed this skew a recorded real rank's collectives (as `recorded` takes them) and
-        optimizer steps in time order, as a live run would, and yield each collective's
-        index with the entry it drew. No group's world is given: a recording's spans hold
-        the waits its own run made, none of these draws'."""
-        events = [(t, 1, -1) for t in steps]
+        """Feed this skew a recorded real rank's collectives (as `recorded` takes them),
+        optimizer steps and the emulator's holds on it ((start, end), told as each ends) in
+        time order, as a live run would, and yield each collective's index with the entry
+        it drew. No group's world is given: a recording's spans hold the waits its own run
+        made, none of these draws'."""
+        events = [(t, 1, -1) for t in steps] + [(end, 1, j) for j, (_, end) in enumerate(held)]
         for i, (_, start, end, _) in enumerate(entries):
-            events += [(start, 2, i), (end, 0, i)]  # at one time: an end, a step, then an entry
+            events += [(start, 2, i), (end, 0, i)]  # at one time: an end, a step or hold, then an entry
         for t, what, i in sorted(events):
-            if what == 1:
+            if what == 1 and i >= 0:
+                self.held(*held[i])
+            elif what == 1:
                 self.on_step()
             elif what == 2:
                 yield i, self.entry(t, {}, entries[i][0], str(i))
@@ -282,7 +314,7 @@ class Skew:
         if self._end is None or t <= self._end:
             return 0.0  # entered while one was in flight (DDP's buckets): no gap of its own
         gaps = self._gaps.setdefault(place, deque(maxlen=WINDOW))
-        gaps.append(t - self._end)
+        gaps.append(t - self._end - (self._held_within(self._end, t) if self._held else 0.0))
         excess = gaps[-1] - min(gaps)
         if len(gaps) > 1:
             draw = min(excess + self._stalls.get(place, 0.0), MAX_DELAY_S)

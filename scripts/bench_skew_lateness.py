@@ -108,7 +108,7 @@ def drawn_lateness(trace: Path) -> dict[str, list[float]]:
     prog = program_of(load(trace))
     entries = skew_entries(prog)
     late: dict[str, list[float]] = collections.defaultdict(list)
-    for i, entry in Skew("auto", seed=1).replayed(entries, prog.steps):
+    for i, entry in Skew("auto", seed=1).replayed(entries, prog.steps, prog.held):
         if i >= len(entries) // 4:
             late[str(prog.ops[i].kind)].append(latest_entry(entry, 2, frozenset({0})) * 1e3)
     return late

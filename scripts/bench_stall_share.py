@@ -1,6 +1,6 @@
 """What a peer's stalls inside a collective cost all-real, against the stall term `--skew auto` draws.
 
-    python scripts/bench_stall_share.py [--repeat 2] [--steps 300] [--realtime]
+    python scripts/bench_stall_share.py [--repeat 2] [--steps 300] [--realtime] [--recorder-off]
 
 `--skew auto` draws each emulated rank's lateness at a place as the real rank's gap excess
 (how much longer than its least recent gap it computed since its last collective ended)
@@ -20,13 +20,16 @@ backward pass, a 4-byte, a 64 KiB and a 4-byte allreduce, an optimizer step. W =
   of either rank that held both; one rank's share of it is half;
 - emulated, `neuronabox torchrun --nnodes 2 --skew none --trace`: the real rank's
   collectives replayed through `controller/skew.py` as a live run feeds it
-  (`Skew.replayed`): its gap excess and its stall samples at each place, and the
-  lateness drawn for the one emulated rank.
+  (`Skew.replayed`): its gap excess as timed and less the time its observer's own work
+  held its core (flight-recorder dumps, which `--skew auto` leaves out), its stall samples
+  at each place, and the lateness drawn for the one emulated rank.
 
 It prints a markdown table per place, the means over the later three quarters of each run.
 `--realtime`: every real rank of both runs in the real-time class (SCHED_RR 1, as validate
 --realtime; the all-real torchrun under `chrt`), where this VM's tick stalls leave the
-wake-ups (docs/fidelity.md, "Tick stalls").
+wake-ups (docs/fidelity.md, "Tick stalls"). `--recorder-off`: the emulated run without
+PyTorch's flight recorder (TORCH_FR_BUFFER_SIZE=0), so its observer never dumps it: the
+gap as the controller times it, without the observer's holds on the rank.
 """
 
 from __future__ import annotations
@@ -135,7 +138,10 @@ def emulated(trace: Path) -> dict[int, dict[str, float]]:
     later = len(entries) // 4
     per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for i in range(max(1, later), len(entries)):
-        per[i % len(PLACES)]["gaps"].append(entries[i][1] - entries[i - 1][2])
+        since, t = entries[i - 1][2], entries[i][1]
+        held = math.fsum(max(0.0, min(b, t) - max(a, since)) for a, b in prog.held if a < t and b > since)
+        per[i % len(PLACES)]["gaps"].append(t - since)
+        per[i % len(PLACES)]["own gaps"].append(t - since - held)
     skew = Skew("auto", seed=1)
     ended = skew.ended
 
@@ -146,13 +152,14 @@ def emulated(trace: Path) -> dict[int, dict[str, float]]:
             per[place_index(opened[0])]["stall"].append(skew._stalls[opened[0]])
 
     skew.ended = ended_noting_stalls
-    for i, entry in skew.replayed(entries, prog.steps):
+    for i, entry in skew.replayed(entries, prog.steps, prog.held):
         if i >= later:
             per[i % len(PLACES)]["drawn"].append(latest_entry(entry, 2, frozenset({0})))
     out = {}
     for place, d in per.items():
-        out[place] = {k: 1e3 * statistics.mean(v) for k, v in d.items() if v and k != "gaps"}
-        out[place]["gap"] = 1e3 * (statistics.mean(d["gaps"]) - min(d["gaps"]))
+        out[place] = {k: 1e3 * statistics.mean(v) for k, v in d.items() if v and "gaps" not in k}
+        for gaps in ("gaps", "own gaps"):
+            out[place][gaps] = 1e3 * (statistics.mean(d[gaps]) - min(d[gaps]))
     return out
 
 
@@ -161,12 +168,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--realtime", action="store_true", help="every real rank of both runs in the real-time class")
+    p.add_argument("--recorder-off", action="store_true", help="the emulated run without the flight recorder")
     ns = p.parse_args()
     chrt = ["chrt", "-r", "1"] if ns.realtime else []
     print("| run | place | all-real: gap excess (ms) | gaps' correlation | entry lateness, either rank (ms) "
-          "| in-collective stall, one rank's share (ms) | emulated: gap excess (ms) | stall samples (ms) "
-          "| drawn lateness (ms) |")  # fmt: skip
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| in-collective stall, one rank's share (ms) | emulated: gap excess (ms) | less the observer's holds (ms) "
+          "| stall samples (ms) | drawn lateness (ms) |")  # fmt: skip
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         worker = Path(tmp, "stall_loop.py")
         worker.write_text(WORKER)
@@ -176,11 +184,12 @@ def main() -> None:
             run([*chrt, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(worker),
                  str(ns.steps)], {"NBX_PIN": "1", "NBX_TIMES": str(times)})  # fmt: skip
             run([sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--skew", "none", "--trace",
-                 str(trace), *(["--realtime"] if ns.realtime else []), str(worker), str(ns.steps)], {})  # fmt: skip
+                 str(trace), *(["--realtime"] if ns.realtime else []), str(worker), str(ns.steps)],
+                {"TORCH_FR_BUFFER_SIZE": "0"} if ns.recorder_off else {})  # fmt: skip
             real, emu = all_real(times), emulated(trace)
             for place, name in enumerate(PLACES):
                 r, e = real[place], emu.get(place, {})
-                emu_cells = " | ".join(f"{e.get(k, 0.0):.3f}" for k in ("gap", "stall", "drawn"))
+                emu_cells = " | ".join(f"{e.get(k, 0.0):.3f}" for k in ("gaps", "own gaps", "stall", "drawn"))
                 print(f"| {rep} | {name} | {r['gap excess']:.3f} | {r['gap corr']:+.2f} | {r['late']:.3f} "
                       f"| {r['share']:.3f} | {emu_cells} |", flush=True)  # fmt: skip
 

@@ -292,3 +292,8 @@ def test_dtype_reports_thin_out_after_the_first_steps_and_lose_nothing(tmp_path)
     # thread can lag the run by many steps, and the script leaves by os._exit, without a last report)
     assert len(covered) > EAGER_STEPS
     assert all(rec["dtype"] is not None for rec in covered), [r for r in covered if r["dtype"] is None][:2]
+    # every dump held the real rank's core, and the observer said when (--skew auto leaves it
+    # out of the rank's gaps): one hold a report at least, on the trace's clock, inside the run
+    first = min(rec["per_rank"]["0"][0] for rec in doc["instances"])
+    assert len(doc["held"]) >= len(reports)
+    assert all(rank == 0 and first - 60e6 < a < b < a + 1e6 for rank, a, b in doc["held"]), doc["held"][:3]

@@ -117,6 +117,50 @@ def test_auto_skew_draws_a_span_longer_than_the_places_usual_as_a_stall_and_not_
     assert tuple(skew._pool) == pytest.approx((0.25e-3, 0.5e-3, 0.0, 0.0, 0.5e-3, 4.5e-3), abs=1e-12)
 
 
+def test_auto_skew_leaves_the_observers_hold_on_the_real_rank_out_of_its_gaps():
+    """A flight-recorder dump of the real rank's observer holds its core (the emulator's own
+    work, which an all-real rank never does): the gap it fell in is the rank's gap less the
+    hold, and a hold inside a collective's span, or one before the gap, changes nothing.
+    The same history with 0.6 ms more in the fourth gap, all of it a hold, draws alike."""
+    from neuronabox.controller.skew import Skew
+
+    pools = []
+    for hold in (0.0, 0.6e-3):
+        skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
+        skew.held(-1.0, -0.5)  # long before: let go
+        for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11e-3 + (hold if hold else 0.0), 10e-3)):
+            skew.on_step()
+            if i == 3 and hold:
+                skew.held(t + 2e-3, t + 2e-3 + hold)  # inside the gap
+            t += gap
+            skew.entry(t, {}, key, f"0/{i}")
+            if i == 1:
+                skew.held(t + 0.1e-3, t + 0.5e-3)  # inside the span: not a gap's
+            t += 1e-3
+            skew.ended(f"0/{i}", t)
+        pools.append(tuple(skew._pool))
+    assert pools[0] == pytest.approx(pools[1], abs=1e-12)
+    assert pools[0] == pytest.approx((0.0, 1e-3, 0.0), abs=1e-12)  # the 11 ms gap's 1 ms, the hold left out
+
+
+def test_a_replay_leaves_out_the_holds_a_live_run_did():
+    """`Skew.recorded` (simulate --skew auto) replays the recorded holds as a live run took
+    them: a history whose one long gap is all hold draws nothing from it."""
+    from neuronabox.controller.skew import Skew
+
+    key, t, entries, steps = ("0", "allreduce", 4096), 0.0, [], []
+    for i in range(6):
+        steps.append(t)
+        t += 10e-3 + (3e-3 if i == 4 else 0.0)
+        entries.append((key, t, t + 1e-3, 0.0))
+        t += 1e-3
+    hold = (entries[3][2] + 5e-3, entries[3][2] + 8e-3)  # the fifth gap's extra 3 ms
+    with_hold = Skew.recorded(entries, steps, held=[hold])
+    without = Skew.recorded(entries, steps)
+    assert max(with_hold.draws) == pytest.approx(0.0, abs=1e-12)
+    assert max(without.draws) == pytest.approx(3e-3, abs=1e-12)
+
+
 def test_auto_skew_takes_the_emulators_own_lag_out_of_a_stall_sample():
     """A span the emulator made longer (its latest send left `lag` past its release and
     inputs) is no stall of the real rank's: drawn again, the emulated ranks would be late by

@@ -89,6 +89,7 @@ class Program:
     steps: list[float]  # optimizer steps (epoch seconds)
     skipped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # subgroups it uses: name -> global ranks
+    held: list[tuple[float, float]] = field(default_factory=list)  # its observer's own work (epoch seconds)
 
 
 def program_of(doc: dict) -> Program:
@@ -111,7 +112,8 @@ def program_of(doc: dict) -> Program:
     ops.sort(key=lambda o: o.start)
     steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
     mark_free(ops, steps)
-    return Program(rank, doc["world_size"], ops, steps, skipped, groups)
+    held = sorted((a * 1e-6, b * 1e-6) for r, a, b in doc.get("held", []) if r == rank)
+    return Program(rank, doc["world_size"], ops, steps, skipped, groups, held)
 
 
 def work_of(line: dict | None) -> HostWork | None:
@@ -361,7 +363,7 @@ def skew_of(spec: str, prog: Program) -> Skew:
             return Skew.parse(spec)
         except SkewError as exc:
             raise SimulateError(str(exc)) from None
-    return Skew.recorded(skew_entries(prog), prog.steps)
+    return Skew.recorded(skew_entries(prog), prog.steps, held=prog.held)
 
 
 def skew_entries(prog: Program) -> list[tuple[tuple, float, float, float]]:

@@ -7,7 +7,8 @@ writes each record as it completes: a header line; a group line the first time
 a group's collective completes (`{"group": {...}}`); one line per collective
 instance or point-to-point message (`{"instance": {...}}`); a real rank's compute
 gap once no collective it may still be in began before the gap ended
-(`{"gap": [rank, from_us, to_us]}`); an optimizer step (`{"step": [rank, t_us]}`);
+(`{"gap": [rank, from_us, to_us]}`); an optimizer step (`{"step": [rank, t_us]}`); the
+time a real rank's observer held its core (`{"held": [rank, from_us, to_us]}`);
 the dtypes the real ranks' flight recorders give for collectives (`{"dtypes":
 [[group, seq, dtype], ...]}`, joined to their instances by `load`); and a footer
 line (`{"end": {...}}`) when the run stops. A trace without a footer is a run
@@ -221,6 +222,10 @@ class TraceWriter:
         """An optimizer step at `t_epoch` (epoch seconds: the observer reads the wall clock)."""
         self._write({"step": [rank, round(t_epoch * 1e6, 3)]})
 
+    def held(self, rank: int, start: float, end: float) -> None:
+        """A real rank's observer held its core from `start` to `end` (the records' clock)."""
+        self._write({"held": [rank, self._us(start), self._us(end)]})
+
     def close(self, footer: dict) -> None:
         if self._f is None:
             return
@@ -253,7 +258,7 @@ def bounded_lines(f: IO[bytes], path: str | os.PathLike) -> Iterator[bytes]:
 
 def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
     """(what, value) for each line: ("header", dict), ("group", dict), ("instance", dict),
-    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("dtypes", [[group, seq,
+    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("held", [rank, from_us, to_us]), ("dtypes", [[group, seq,
     dtype], ...]), ("end", dict). Raises
     TraceError on a file that is not a trace of this version."""
     check_readable(path)
@@ -301,10 +306,10 @@ def check_instance(path: str | os.PathLike, n: int, rec: object) -> None:
 
 def load(path: str | os.PathLike) -> dict:
     """The whole trace as one document: the header's fields, `groups` (name -> global
-    ranks; the default group's are the world's), `instances`, `gaps`, `steps`, and the
+    ranks; the default group's are the world's), `instances`, `gaps`, `steps`, `held`, and the
     footer's fields (`complete` says whether the run wrote its footer). A collective's
     dtype from a `dtypes` line fills its instance, and its element count with it."""
-    doc: dict = {"instances": [], "gaps": [], "steps": [], "groups": {}, "complete": False}
+    doc: dict = {"instances": [], "gaps": [], "steps": [], "held": [], "groups": {}, "complete": False}
     dtypes: dict[tuple[str, int], str] = {}
     for what, value in events(path):
         if what == "header":
@@ -321,6 +326,8 @@ def load(path: str | os.PathLike) -> dict:
             doc["gaps"].append(value)
         elif what == "step":
             doc["steps"].append(value)
+        elif what == "held":
+            doc["held"].append(value)
         elif what == "dtypes":
             try:
                 dtypes.update(((group, seq), dtype) for group, seq, dtype in value)
