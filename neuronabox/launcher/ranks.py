@@ -68,7 +68,7 @@ def nccl_env(job: Job, profile: str, inherited_libs: str | None) -> dict[str, st
 def node_command(job: Job, node: int, log_dir: Path | None = None) -> list[str]:
     """The stock torchrun of a real node, on the job's static rendezvous. `log_dir`: its
     --log-dir unless the user gave one: torchrun's own default is a fresh /tmp/torchelastic_*
-    folder a run that nothing removes (the suite left a thousand), the run's folder goes."""
+    folder a run that nothing removes (a day of benchmarks here left 2,000); the run's folder goes."""
     passthrough = [f"{f}={v}" if v is not None else f for f, v in job.torchrun_flags]
     if log_dir is not None and not any(f == "--log-dir" for f, _ in job.torchrun_flags):
         passthrough.append(f"--log-dir={log_dir}")
