@@ -77,10 +77,11 @@ KINDS = {"all_reduce": "allreduce", "all_gather": "allgather", "_allgather_base"
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """`argv` in the project's root with `env` added; exit naming it and its last error line if it fails."""
     proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv[2:6])} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        sys.exit(f"{' '.join(argv[:6])} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 def real_lateness(folder: Path) -> dict[str, list[float]]:

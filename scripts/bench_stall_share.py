@@ -40,12 +40,12 @@ import math
 import os
 import pickle
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_skew_lateness import run
+
 PLACES = ("4 B after compute", "64 KiB", "4 B")
 WORKER = """\
 import os, pickle, sys, time, torch, torch.distributed as dist
@@ -76,21 +76,16 @@ os._exit(0)
 """
 
 
-def run(argv: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv[:6])} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-
-
 def excess_over_median(xs: list[float]) -> float:
     med = statistics.median(xs)
     return statistics.mean(max(0.0, x - med) for x in xs)
 
 
 def correlation(a: list[float], b: list[float]) -> float:
-    ma, mb = statistics.mean(a), statistics.mean(b)
-    sa, sb = math.fsum((x - ma) ** 2 for x in a), math.fsum((y - mb) ** 2 for y in b)
-    return math.fsum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True)) / math.sqrt(sa * sb) if sa and sb else 0.0
+    try:
+        return statistics.correlation(a, b)
+    except statistics.StatisticsError:  # a constant series (a gap of nothing between two collectives)
+        return 0.0
 
 
 def all_real(path: Path) -> dict[int, dict[str, float]]:
@@ -117,10 +112,9 @@ def all_real(path: Path) -> dict[int, dict[str, float]]:
     return out
 
 
-def place_index(place: tuple) -> int:
-    """A skew place (group, kind, bytes, how many of its name came before it this step) as
-    its index in PLACES."""
-    return 1 if place[2] == 65536 else 0 if place[3] == 0 else 2
+def place_of(nbytes: int, after: int | None) -> int:
+    """A collective's index in PLACES, from its bytes and those of the collective before it."""
+    return 1 if nbytes == 65536 else 2 if after == 65536 else 0
 
 
 def emulated(trace: Path) -> dict[int, dict[str, float]]:
@@ -136,30 +130,35 @@ def emulated(trace: Path) -> dict[int, dict[str, float]]:
     prog = program_of(load(trace))
     entries = skew_entries(prog)
     later = len(entries) // 4
+
+    def place(i: int) -> int:
+        return place_of(entries[i][0][2], entries[i - 1][0][2] if i else None)
+
     per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for i in range(max(1, later), len(entries)):
         since, t = entries[i - 1][2], entries[i][1]
         held = math.fsum(max(0.0, min(b, t) - max(a, since)) for a, b in prog.held if a < t and b > since)
-        per[i % len(PLACES)]["gaps"].append(t - since)
-        per[i % len(PLACES)]["own gaps"].append(t - since - held)
+        per[place(i)]["gaps"].append(t - since)
+        per[place(i)]["own gaps"].append(t - since - held)
     skew = Skew("auto", seed=1)
     ended = skew.ended
 
     def ended_noting_stalls(instance: str, t: float, lag: float = 0.0) -> None:
         opened = skew._open.get(instance)
         ended(instance, t, lag)
-        if opened is not None and int(instance) >= later:
-            per[place_index(opened[0])]["stall"].append(skew._stalls[opened[0]])
+        i = int(instance)
+        if opened is not None and i >= later:
+            per[place(i)]["stall"].append(skew._stalls[opened[0]])
 
     skew.ended = ended_noting_stalls
     for i, entry in skew.replayed(entries, prog.steps, prog.held):
         if i >= later:
-            per[i % len(PLACES)]["drawn"].append(latest_entry(entry, 2, frozenset({0})))
+            per[place(i)]["drawn"].append(latest_entry(entry, 2, frozenset({0})))
     out = {}
-    for place, d in per.items():
-        out[place] = {k: 1e3 * statistics.mean(v) for k, v in d.items() if v and "gaps" not in k}
+    for index, d in per.items():
+        out[index] = {k: 1e3 * statistics.mean(v) for k, v in d.items() if v and "gaps" not in k}
         for gaps in ("gaps", "own gaps"):
-            out[place][gaps] = 1e3 * (statistics.mean(d[gaps]) - min(d[gaps]))
+            out[index][gaps] = 1e3 * (statistics.mean(d[gaps]) - min(d[gaps]))
     return out
 
 

@@ -35,19 +35,21 @@ def test_a_finished_run_leaves_no_folder_its_torchrun_agents_logs_included(run, 
 
 
 def test_a_users_log_dir_is_torchruns_and_the_launchers_otherwise():
-    """The user's --log-dir (or PET_LOG_DIR: torchrun reads it, the launcher passes none)
-    goes to torchrun as given, once; without one, the run's folder."""
+    """The user's --log-dir goes to torchrun as given, once; PET_LOG_DIR is torchrun's to
+    read, so the launcher passes none; without either, the run's folder."""
     from neuronabox.launcher.job import job_from_args
-    from neuronabox.launcher.ranks import node_command
+    from neuronabox.launcher.ranks import node_command, node_log_dir
     from neuronabox.launcher.torchrun_args import parse
 
-    def log_dirs(*argv: str) -> list[str]:
+    def log_dirs(*argv: str, env: dict[str, str] | None = None) -> list[str]:
         job = job_from_args(parse([*argv, "--nnodes", "2", COLLECTIVES], environ={}))
-        return [a for a in node_command(job, 0, Path("/run/folder/torchelastic")) if a.startswith("--log")]
+        logs = node_log_dir(job, env or {}, Path("/run/folder"))
+        return [a for a in node_command(job, 0, logs) if a.startswith("--log")]
 
     assert log_dirs() == ["--log-dir=/run/folder/torchelastic"]
     assert log_dirs("--log-dir", "/mine") == ["--log-dir=/mine"]
     assert log_dirs("--log_dir=/mine") == ["--log-dir=/mine"]
+    assert log_dirs(env={"PET_LOG_DIR": "/mine"}) == []
 
 
 def test_ctrl_c_twice_with_two_real_nodes_leaves_nothing():

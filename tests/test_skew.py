@@ -128,7 +128,7 @@ def test_auto_skew_leaves_the_observers_hold_on_the_real_rank_out_of_its_gaps():
     for hold in (0.0, 0.6e-3):
         skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
         skew.held(-1.0, -0.5)  # long before: let go
-        for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11e-3 + (hold if hold else 0.0), 10e-3)):
+        for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11e-3 + hold, 10e-3)):
             skew.on_step()
             if i == 3 and hold:
                 skew.held(t + 2e-3, t + 2e-3 + hold)  # inside the gap

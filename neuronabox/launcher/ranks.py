@@ -65,12 +65,21 @@ def nccl_env(job: Job, profile: str, inherited_libs: str | None) -> dict[str, st
     return env
 
 
+def node_log_dir(job: Job, env: dict[str, str], folder: Path) -> Path | None:
+    """Where a real node's torchrun keeps its logs: `folder` (the run's, removed when the run
+    ends well), unless the user said where (--log-dir, or PET_LOG_DIR, which torchrun reads).
+    torchrun's own default is a fresh /tmp/torchelastic_* folder a run that nothing removes
+    (a day of benchmarks here left 2,000)."""
+    if "PET_LOG_DIR" in env or any(f == "--log-dir" for f, _ in job.torchrun_flags):
+        return None
+    return folder / "torchelastic"
+
+
 def node_command(job: Job, node: int, log_dir: Path | None = None) -> list[str]:
-    """The stock torchrun of a real node, on the job's static rendezvous. `log_dir`: its
-    --log-dir unless the user gave one: torchrun's own default is a fresh /tmp/torchelastic_*
-    folder a run that nothing removes (a day of benchmarks here left 2,000); the run's folder goes."""
+    """The stock torchrun of a real node, on the job's static rendezvous; `log_dir` its
+    --log-dir (`node_log_dir`), if any."""
     passthrough = [f"{f}={v}" if v is not None else f for f, v in job.torchrun_flags]
-    if log_dir is not None and not any(f == "--log-dir" for f, _ in job.torchrun_flags):
+    if log_dir is not None:
         passthrough.append(f"--log-dir={log_dir}")
     return [
         sys.executable,

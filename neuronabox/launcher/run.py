@@ -28,7 +28,7 @@ from neuronabox.launcher.hosts import HeadLink, MemberLink, job_facts
 from neuronabox.launcher.interrupts import interrupted_again
 from neuronabox.launcher.job import Job
 from neuronabox.launcher.node_failure import NodeOutput, first_failure, stderr_sink
-from neuronabox.launcher.ranks import direct_env, node_command, ranks_env, worker_command
+from neuronabox.launcher.ranks import direct_env, node_command, node_log_dir, ranks_env, worker_command
 from neuronabox.launcher.realtime import entering
 from neuronabox.launcher.reaping import Family, die_with_parent, stop_marked
 from neuronabox.launcher.result import RunResult, result_of
@@ -155,7 +155,7 @@ class Run:
     def start_nodes(self, env: dict[str, str]) -> None:
         """A stock torchrun for each real node here, its logs in the run's folder (the
         user's --log-dir or PET_LOG_DIR aside)."""
-        logs = None if "PET_LOG_DIR" in env else self.dir / "torchelastic"
+        logs = node_log_dir(self.job, env, self.dir)
         for node in self.job.local_nodes:
             self.torchruns.append(self.spawn(self.job.host_of(node), node_command(self.job, node, logs), env, node))
 
