@@ -25,7 +25,7 @@ from neuronabox.delay_models.whatif import WhatIf
 from neuronabox import delay_models, topology
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.limits import read_bounded
-from neuronabox.observer.clock import boot_id
+from neuronabox.observer.clock import clock_id
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver, raise_fd_limit
@@ -43,7 +43,7 @@ from .status import StatusService
 from .watchdog import RankStalled, Watchdog
 
 STORE_LOST_GRACE_S = 10.0  # see Controller._store_failed
-BOOT = boot_id()  # an observer on this host reads the same, and its times are on this clock
+CLOCK = clock_id()  # an observer that reads the same has its times on this clock
 
 
 class Controller:
@@ -174,15 +174,15 @@ class Controller:
         if rank == self.cfg.real_ranks[0]:
             self.timing.skew.on_step()  # --skew auto: the first real rank's iteration begins
 
-    def _held(self, rank: int, start: float, end: float, boot: str) -> None:
-        """A real rank's observer held its core from `start` to `end` (a flight-recorder
-        dump): into the trace, and out of --skew auto's gaps when it is the first real
-        rank's. Only on this host's clock (the same boot); a rank elsewhere is not told."""
-        if not boot or boot != BOOT:
-            return
-        self.recorder.on_held(rank, start, end)
-        if rank == self.cfg.real_ranks[0]:
-            self.timing.skew.held(start, end)
+    def _held(self, rank: int, start: float, end: float, cpu: float, clock: str) -> None:
+        """A real rank's observer used `cpu` seconds of its core between `start` and `end`
+        (a flight-recorder dump): into the run's totals always (a duration reads alike on
+        any clock); into the trace, and out of --skew auto's gaps when it is the first real
+        rank's, only when its clock is this one (the same boot, no time namespace between)."""
+        same_clock = bool(clock) and clock == CLOCK
+        self.recorder.on_held(rank, start, end, cpu, same_clock)
+        if same_clock and rank == self.cfg.real_ranks[0]:
+            self.timing.skew.held(start, end, cpu)
 
     def log(self, what: str) -> None:
         print(f"[controller {time.monotonic() - self.t0:8.3f}s] {what}", file=sys.stderr, flush=True)

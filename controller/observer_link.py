@@ -53,7 +53,7 @@ class ObserverLink:
         on_step: Callable[[int, float], None],
         on_dtypes: Callable[[list[list]], None],
         on_loaded: Callable[[int], None] = lambda rank: None,
-        on_held: Callable[[int, float, float, str], None] = lambda rank, start, end, boot: None,
+        on_held: Callable[[int, float, float, float, str], None] = lambda rank, start, end, cpu, clock: None,
     ) -> None:
         self.engine = engine
         self.secret = secret  # an observer's hello carries it (the ready file has it)

@@ -39,7 +39,7 @@ FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "buckets": (("buckets", str), ("sizes", list)),
     "q": (("q", int),),
     "loaded": (("loaded", str),),
-    "held": (("held", list), ("boot", str)),
+    "held": (("held", list), ("cpu", (int, float)), ("clock", str)),
 }
 KEYS = ("hello", "meta", *(k for k in FIELDS if k != "meta"))  # what names a message (a note most often)
 OPTIONAL = {"numel": int, "dtype": str, "root": int, "data": str, "op": str, "splits": list}  # in replies
@@ -76,8 +76,8 @@ class ObserverHub:
         self._line_max: dict[int, int] = {}  # a rank's line limit, once raised past PEER_LINE_MAX
         self.on_step: Callable[[int, float], None] | None = None  # (real rank, time) of an optimizer step
         self.on_loaded: Callable[[int], None] | None = None  # a real rank's torch.distributed loaded
-        # (real rank, start, end, its host's boot id): its observer's own work held its core
-        self.on_held: Callable[[int, float, float, str], None] | None = None
+        # (real rank, start, end, CPU seconds, its monotonic clock's id): its observer's own work held its core
+        self.on_held: Callable[[int, float, float, float, str], None] | None = None
         self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
         self.on_meta: Callable[[str, int, str, int, str], None] | None = None  # a ring's size, as its call entered
@@ -205,7 +205,7 @@ class ObserverHub:
             if len(span) != 2 or not all(isinstance(t, (int, float)) for t in span):
                 self._malformed(rank, key, "held", msg)
             if self.on_held:
-                self.on_held(rank, span[0], span[1], msg["boot"])
+                self.on_held(rank, span[0], span[1], msg["cpu"], msg["clock"])
         elif key == "buckets":
             if not all(isinstance(b, list) and list(map(type, b)) == [int, str] for b in msg["sizes"]):
                 self._malformed(rank, key, "sizes", msg)

@@ -20,6 +20,8 @@ from .outcomes import InstanceRecord
 from .release import ReleaseTiming
 from .watchdog import Watchdog
 
+HOLD_MAX_S = 60.0  # one hold counts at most this long: a clock's jump is not the rank's cost
+
 
 def open_trace(path: str, header: dict, offset: float) -> TraceWriter:
     """The run's trace, locked for the whole run. Another run holding it (it took the
@@ -57,6 +59,7 @@ class RunRecorder:
         self.clock = clock
         self.totals = RunTotals()
         self.starts = {"native": 0, "python": 0}  # how the instances' books started (engine.py, native_start)
+        self.held: dict[int, tuple[int, float]] = {}  # real rank -> times and CPU seconds its observer held its core
         # One reading of both clocks: the trace's monotonic times map to epoch time through it.
         self.clock_anchor = {"monotonic": clock(), "epoch": epoch()}
         offset = self.clock_anchor["epoch"] - self.clock_anchor["monotonic"]  # the trace's clock is epoch
@@ -81,10 +84,15 @@ class RunRecorder:
         if self.trace is not None:
             self.trace.step(rank, t)
 
-    def on_held(self, rank: int, start: float, end: float) -> None:
-        """Real rank `rank`'s observer held its core from `start` to `end` (monotonic seconds)."""
-        if self.trace is not None:
-            self.trace.held(rank, start, end)
+    def on_held(self, rank: int, start: float, end: float, cpu: float, same_clock: bool = True) -> None:
+        """Real rank `rank`'s observer used `cpu` seconds of its core between `start` and
+        `end` (monotonic seconds; on this process's clock when `same_clock`, else only
+        durations mean anything)."""
+        cpu = min(max(cpu, 0.0), max(end - start, 0.0), HOLD_MAX_S)  # one thread's CPU fits its window
+        times, seconds = self.held.get(rank, (0, 0.0))
+        self.held[rank] = (times + 1, seconds + cpu)
+        if self.trace is not None and same_clock:
+            self.trace.held(rank, start, end, cpu)
 
     def on_dtypes(self, dtypes: list[list]) -> None:
         """[[group, tag, dtype], ...] of the collectives the real ranks issued."""
@@ -126,4 +134,6 @@ class RunRecorder:
             "release": self.timing.lateness_summary(),
             "local_work": self.timing.work_summary(),  # what the emulated ranks were charged at the end
             "starts": dict(self.starts),
+            # The emulator's own work on each real rank's core, which an all-real run never pays.
+            "observer_held": {str(r): {"times": n, "seconds": round(s, 6)} for r, (n, s) in sorted(self.held.items())},
         }

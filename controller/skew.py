@@ -152,7 +152,7 @@ class Skew:
         self._replay = replay or {}  # recorded: key -> each instance's draws, in order
         self._last: tuple[str, Entry] | None = None  # the latest instance entered, and its entry
         self._last_end: float | None = None  # when it ended (None: not yet, as far as told)
-        self._held: deque[tuple[float, float]] = deque(maxlen=MAX_HELD)  # auto: the emulator's own work in the rank
+        self._held: deque[tuple[float, float, float]] = deque(maxlen=MAX_HELD)  # auto: the emulator's work, its share
 
     @classmethod
     def parse(cls, spec: str | None, seed: int = 0) -> Skew:
@@ -242,14 +242,16 @@ class Skew:
         spans.append(max(0.0, t - entry.t0 - waited - lag))
         self._stalls[place] = max(0.0, spans[-1] - statistics.median(spans))  # off the start's path
 
-    def held(self, start: float, end: float) -> None:
-        """The emulator's own work held the real rank's core from `start` to `end` (its
-        observer's flight-recorder dump, told by the observer): auto leaves it out of the gap
-        it fell in. It is not the rank's variation: an all-real rank never does it, and drawn
-        as the emulated ranks' lateness it was paid twice (docs/fidelity.md, "The observer's
-        dumps")."""
+    def held(self, start: float, end: float, cpu: float | None = None) -> None:
+        """The emulator's own work used `cpu` seconds of the real rank's core between `start`
+        and `end` (its observer's flight-recorder dump, told by the observer; None: all of
+        it): auto leaves that out of the gap it fell in, spread evenly over the window (in
+        it the rank's threads ran whenever the observer's waited for the GIL). It is not the
+        rank's variation: an all-real rank never does it, and drawn as the emulated ranks'
+        lateness it was paid twice (docs/fidelity.md, "The observer's dumps")."""
         if self.mode == "auto" and end > start:
-            self._held.append((start, end))
+            share = 1.0 if cpu is None else min(max(cpu / (end - start), 0.0), 1.0)
+            self._held.append((start, end, share))
 
     def _held_within(self, since: float, t: float) -> float:
         """The emulator's hold on the real rank between `since` and `t`; holds that ended
@@ -257,7 +259,7 @@ class Skew:
         held = self._held
         while held and held[0][1] <= since:
             held.popleft()
-        return sum(max(0.0, min(end, t) - max(start, since)) for start, end in held)
+        return sum(max(0.0, min(end, t) - max(start, since)) * share for start, end, share in held)
 
     def on_step(self) -> None:
         """The real rank's optimizer stepped: an iteration begins (auto)."""
@@ -270,7 +272,7 @@ class Skew:
         entries: list[tuple[tuple, float, float, float]],
         steps: list[float],
         seed: int = 0,
-        held: list[tuple[float, float]] = (),
+        held: list[tuple[float, ...]] = (),
     ) -> Skew:
         """`auto` for a replay: the draws a live run would have made from the real rank's
         recorded collectives ((group, kind, bytes), entry, end, the emulator's lag), its
@@ -287,14 +289,14 @@ class Skew:
         self,
         entries: list[tuple[tuple, float, float, float]],
         steps: list[float],
-        held: list[tuple[float, float]] = (),
+        held: list[tuple[float, ...]] = (),
     ) -> Iterator[tuple[int, Entry]]:
         """Feed this skew a recorded real rank's collectives (as `recorded` takes them),
-        optimizer steps and the emulator's holds on it ((start, end), told as each ends) in
+        optimizer steps and the emulator's holds on it ((start, end[, cpu]), told as each ends) in
         time order, as a live run would, and yield each collective's index with the entry
         it drew. No group's world is given: a recording's spans hold the waits its own run
         made, none of these draws'."""
-        events = [(t, 1, -1) for t in steps] + [(end, 1, j) for j, (_, end) in enumerate(held)]
+        events = [(t, 1, -1) for t in steps] + [(h[1], 1, j) for j, h in enumerate(held)]
         for i, (_, start, end, _) in enumerate(entries):
             events += [(start, 2, i), (end, 0, i)]  # at one time: an end, a step or hold, then an entry
         for t, what, i in sorted(events):

@@ -137,7 +137,8 @@ def emulated(trace: Path) -> dict[int, dict[str, float]]:
     per: dict[int, dict[str, list]] = collections.defaultdict(lambda: collections.defaultdict(list))
     for i in range(max(1, later), len(entries)):
         since, t = entries[i - 1][2], entries[i][1]
-        held = math.fsum(max(0.0, min(b, t) - max(a, since)) for a, b in prog.held if a < t and b > since)
+        held = math.fsum(max(0.0, min(b, t) - max(a, since)) * min(cpu / (b - a), 1.0)
+                         for a, b, cpu in prog.held if a < t and b > since and b > a)  # fmt: skip
         per[place(i)]["gaps"].append(t - since)
         per[place(i)]["own gaps"].append(t - since - held)
     skew = Skew("auto", seed=1)

@@ -2,6 +2,7 @@
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--rate R] [--repeat K] [--steps N] [--out DIR]
                                [--noise-floor] [--skew auto|none|FILE] [--realtime] [--resolve PCT [--max-repeat M]]
+                               [--cpu-share CORES]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
 rates) it calibrates once, then validates every workload against that topology,
@@ -16,7 +17,8 @@ puts a second all-real run in the emulated run's place: the same table of the te
 against itself, the error below which a row resolves nothing. `--resolve PCT` has
 validate go on past K repetitions, in pairs, until its all-real runs resolve PCT (or
 `--max-repeat`); the table then gives how many it took and also the error of the first K
-alone, the figure a fixed K of repetitions would have read.
+alone, the figure a fixed K of repetitions would have read. `--cpu-share` sets each netns node's
+CPU quota (validate's default leaves a fifth of the machine to the kernel's network work).
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def main() -> int:
     p.add_argument("--huge-pages", action="store_true", help="malloc on transparent huge pages (validate's)")
     p.add_argument("--resolve", metavar="PCT", help="go on past --repeat until the resolution reaches PCT (validate's)")
     p.add_argument("--max-repeat", type=int, help="--resolve's cap on the repetitions (validate's)")
+    p.add_argument("--cpu-share", help="netns: cores per node (validate's; its default 0.8 x the cores / nodes)")
     ns = p.parse_args()
     resolving = (
         (["--resolve", ns.resolve] + (["--max-repeat", str(ns.max_repeat)] if ns.max_repeat else []))
@@ -121,6 +124,7 @@ def main() -> int:
         for name in ns.workloads.split(","):
             tail = ("noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}") + ("-rt" if ns.realtime else "")
             tail += "-huge" if ns.huge_pages else ""
+            tail += f"-cpu{ns.cpu_share}" if ns.cpu_share and testbed == "netns" else ""
             csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-{tail}.csv"
             if name in FRAMEWORKS:
                 runs = ["--steps", str(ns.steps + ns.warmup)]
@@ -132,6 +136,7 @@ def main() -> int:
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
                 "--warmup-steps", str(ns.warmup), *skew, *floor, *(["--realtime"] if ns.realtime else []),
                 *(["--huge-pages"] if ns.huge_pages else []), *resolving,
+                *(["--cpu-share", ns.cpu_share] if ns.cpu_share and testbed == "netns" else []),
                 "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip
             print(row(csv_path, testbed, rate, nnodes, name, second, ns.repeat if ns.resolve else 0), flush=True)

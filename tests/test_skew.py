@@ -143,6 +143,30 @@ def test_auto_skew_leaves_the_observers_hold_on_the_real_rank_out_of_its_gaps():
     assert pools[0] == pytest.approx((0.0, 1e-3, 0.0), abs=1e-12)  # the 11 ms gap's 1 ms, the hold left out
 
 
+def test_auto_skew_leaves_out_only_the_cpu_a_hold_used_spread_over_its_window():
+    """Inside a dump's window the rank's own threads run whenever the observer's waits for
+    the GIL: only the CPU the dump used comes out of the gap. A 2.4 ms window that used
+    0.6 ms, in a gap 0.6 ms longer than 11 ms, draws as a 10 ms history with one 11 ms gap does; the window
+    left out whole would have taken 1.8 ms of the rank's own compute with it."""
+    from neuronabox.controller.skew import Skew
+
+    def pool(cpu):
+        skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
+        for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11.6e-3, 10e-3)):
+            skew.on_step()
+            if i == 3:
+                skew.held(t + 3e-3, t + 5.4e-3, cpu)
+            t += gap
+            skew.entry(t, {}, key, f"0/{i}")
+            t += 1e-3
+            skew.ended(f"0/{i}", t)
+        return tuple(skew._pool)
+
+    assert pool(0.6e-3) == pytest.approx((0.0, 1e-3, 0.0), abs=1e-12)
+    # the whole window taken out: the 11.6 ms gap reads 9.2 ms, the least of the place's
+    assert pool(None) == pytest.approx((0.0, 0.0, 0.8e-3), abs=1e-12)
+
+
 def test_a_replay_leaves_out_the_holds_a_live_run_did():
     """`Skew.recorded` (simulate --skew auto) replays the recorded holds as a live run took
     them: a history whose one long gap is all hold draws nothing from it."""
@@ -158,6 +182,9 @@ def test_a_replay_leaves_out_the_holds_a_live_run_did():
     with_hold = Skew.recorded(entries, steps, held=[hold])
     without = Skew.recorded(entries, steps)
     assert max(with_hold.draws) == pytest.approx(0.0, abs=1e-12)
+    # as a trace has it, with the CPU it used: a 6 ms window that used 3 ms leaves out the same
+    wide = (hold[0] - 2e-3, hold[1] + 1e-3, 3e-3)
+    assert max(Skew.recorded(entries, steps, held=[wide]).draws) == pytest.approx(0.0, abs=1e-12)
     assert max(without.draws) == pytest.approx(3e-3, abs=1e-12)
 
 

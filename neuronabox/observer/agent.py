@@ -24,7 +24,7 @@ import threading
 import time
 
 from . import calls, sizes
-from .clock import boot_id
+from .clock import clock_id
 from .steps import on_step
 
 _lock = threading.Lock()
@@ -55,7 +55,7 @@ DTYPES_EVERY_S = 1.0  # the dtypes of the collectives issued are reported at lea
 REPORT_FILL = 0.5
 EAGER_STEPS = 8  # the first steps report each: a short run's trace has every dtype even if it ends with os._exit
 FR_ENTRIES = int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0") or 0)
-BOOT = boot_id()  # the controller takes a hold's times only on its own host's clock
+CLOCK = clock_id()  # the controller takes a hold's times only on its own clock
 _dtypes_due = threading.Event()
 _steps = [0]  # optimizer steps so far
 _report_lock = threading.Lock()
@@ -180,21 +180,22 @@ def _serve(host: str, port: int) -> None:
 
 
 def _records() -> list[dict]:
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.thread_time()
     try:
         entries = calls.flight_records()
     except Exception:  # no recorder: the controller falls back to the wire
         return []
-    _held(start)
+    _held(start, cpu)
     return entries
 
 
-def _held(start: float) -> None:
-    """Tell the controller this thread held the rank's core from `start` until now (a
-    flight-recorder dump: about 4 us an entry, which an all-real rank never pays): it is
-    the emulator's own work, not the rank's variation, and --skew auto leaves it out of the
-    gap it fell in."""
-    _send({"held": [start, time.monotonic()], "boot": BOOT})
+def _held(start: float, cpu: float) -> None:
+    """Tell the controller this thread held the rank's core between `start` and now (a
+    flight-recorder dump, which an all-real rank never pays), for the CPU time it used since
+    `cpu` (this thread's clock): the emulator's own work, not the rank's variation, and
+    --skew auto leaves it out of the gap it fell in. The window alone would overstate it:
+    inside it the rank's own threads run whenever this one waits for the GIL."""
+    _send({"held": [start, time.monotonic()], "cpu": time.thread_time() - cpu, "clock": CLOCK})
 
 
 def _report_dtypes() -> None:
@@ -220,14 +221,14 @@ def _report_dtypes() -> None:
 def _report() -> int | None:
     """Send the dtypes of the collectives issued since the last report; how many (None: no recorder)."""
     with _report_lock:
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.thread_time()
         try:
             entries = calls.flight_records()
             found = calls.dtypes_since(entries, _reported)
             wrong = sizes.check(entries)
         except Exception:  # no recorder (TORCH_FR_BUFFER_SIZE=0), or torch going down: dtypes stay unknown
             return None
-        _held(start)
+        _held(start, cpu)
         for group in wrong:
             print(
                 f"neuronabox observer: group {group!r}: a noted size disagrees with the flight recorder "

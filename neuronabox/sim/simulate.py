@@ -89,7 +89,7 @@ class Program:
     steps: list[float]  # optimizer steps (epoch seconds)
     skipped: dict[str, int] = field(default_factory=dict)
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # subgroups it uses: name -> global ranks
-    held: list[tuple[float, float]] = field(default_factory=list)  # its observer's own work (epoch seconds)
+    held: list[tuple[float, float, float]] = field(default_factory=list)  # its observer's own work: window, CPU (s)
 
 
 def program_of(doc: dict) -> Program:
@@ -112,7 +112,7 @@ def program_of(doc: dict) -> Program:
     ops.sort(key=lambda o: o.start)
     steps = sorted(t * 1e-6 for r, t in doc["steps"] if r == rank)
     mark_free(ops, steps)
-    held = sorted((a * 1e-6, b * 1e-6) for r, a, b in doc.get("held", []) if r == rank)
+    held = sorted((a * 1e-6, b * 1e-6, cpu * 1e-6) for r, a, b, cpu in doc.get("held", []) if r == rank)
     return Program(rank, doc["world_size"], ops, steps, skipped, groups, held)
 
 

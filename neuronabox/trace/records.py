@@ -8,7 +8,8 @@ a group's collective completes (`{"group": {...}}`); one line per collective
 instance or point-to-point message (`{"instance": {...}}`); a real rank's compute
 gap once no collective it may still be in began before the gap ended
 (`{"gap": [rank, from_us, to_us]}`); an optimizer step (`{"step": [rank, t_us]}`); the
-time a real rank's observer held its core (`{"held": [rank, from_us, to_us]}`);
+time a real rank's observer held its core, and the CPU it used there (`{"held": [rank, from_us, to_us,
+cpu_us]}`);
 the dtypes the real ranks' flight recorders give for collectives (`{"dtypes":
 [[group, seq, dtype], ...]}`, joined to their instances by `load`); and a footer
 line (`{"end": {...}}`) when the run stops. A trace without a footer is a run
@@ -222,9 +223,10 @@ class TraceWriter:
         """An optimizer step at `t_epoch` (epoch seconds: the observer reads the wall clock)."""
         self._write({"step": [rank, round(t_epoch * 1e6, 3)]})
 
-    def held(self, rank: int, start: float, end: float) -> None:
-        """A real rank's observer held its core from `start` to `end` (the records' clock)."""
-        self._write({"held": [rank, self._us(start), self._us(end)]})
+    def held(self, rank: int, start: float, end: float, cpu: float) -> None:
+        """A real rank's observer used `cpu` seconds of its core between `start` and `end`
+        (the records' clock)."""
+        self._write({"held": [rank, self._us(start), self._us(end), round(cpu * 1e6, 3)]})
 
     def close(self, footer: dict) -> None:
         if self._f is None:
@@ -258,8 +260,8 @@ def bounded_lines(f: IO[bytes], path: str | os.PathLike) -> Iterator[bytes]:
 
 def events(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
     """(what, value) for each line: ("header", dict), ("group", dict), ("instance", dict),
-    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("held", [rank, from_us, to_us]), ("dtypes", [[group, seq,
-    dtype], ...]), ("end", dict). Raises
+    ("gap", [rank, from_us, to_us]), ("step", [rank, t_us]), ("held", [rank, from_us, to_us, cpu_us]),
+    ("dtypes", [[group, seq, dtype], ...]), ("end", dict). Raises
     TraceError on a file that is not a trace of this version."""
     check_readable(path)
     with open(path, "rb") as f:
@@ -304,6 +306,14 @@ def check_instance(path: str | os.PathLike, n: int, rec: object) -> None:
             raise TraceError(f"{path}: instance {n} has a malformed span for rank {rank}: a damaged trace")
 
 
+def held_record(path: str | os.PathLike, value: object) -> list:
+    """A `held` line's [rank, from_us, to_us, cpu_us]; a line of the first traces that had
+    them, without the CPU, counts its whole window."""
+    if not (isinstance(value, list) and len(value) in (3, 4) and all(isinstance(v, (int, float)) for v in value)):
+        raise TraceError(f"{path}: a malformed held record: a damaged trace")
+    return value if len(value) == 4 else [*value, value[2] - value[1]]
+
+
 def load(path: str | os.PathLike) -> dict:
     """The whole trace as one document: the header's fields, `groups` (name -> global
     ranks; the default group's are the world's), `instances`, `gaps`, `steps`, `held`, and the
@@ -327,7 +337,7 @@ def load(path: str | os.PathLike) -> dict:
         elif what == "step":
             doc["steps"].append(value)
         elif what == "held":
-            doc["held"].append(value)
+            doc["held"].append(held_record(path, value))
         elif what == "dtypes":
             try:
                 dtypes.update(((group, seq), dtype) for group, seq, dtype in value)

@@ -64,6 +64,9 @@ def format_summary(reply, header: dict, footer: dict) -> str:
         lines.append("  optimizer steps not observed (the observer saw no optimizer.step()); iteration time unknown")
     else:
         lines.append("  optimizer steps not observed (no observer); iteration time unknown")
+    held = observer_line(footer.get("observer_held") or {}, reply.steps, reply.iteration_s)
+    if held:
+        lines.append(f"  observer        {held}")
     return "\n".join(lines)
 
 
@@ -92,3 +95,17 @@ def skew_line(skew: str) -> str:
     if skew == "auto":
         return "auto: the emulated ranks entered late by draws from the real rank's own variation, per place"
     return f"{skew}: the emulated ranks entered late by draws from its delays"
+
+
+def observer_line(held: dict, steps: int, iteration_s: float) -> str:
+    """What the observer's own work (its flight-recorder dumps) cost the real rank it cost
+    most: time an all-real run never pays, so a user can weigh it against the iteration."""
+    if not held:
+        return ""
+    rank, worst = max(held.items(), key=lambda kv: (kv[1].get("seconds", 0.0), kv[0]))
+    times, seconds = int(worst.get("times", 0)), float(worst.get("seconds", 0.0))
+    what = f"held real rank {rank}'s core {times} times, {seconds * 1e3:.1f} ms in all (flight-recorder dumps)"
+    if steps and iteration_s > 0:
+        per_step = seconds / steps
+        return f"{what}: {per_step * 1e3:.3f} ms a step, {per_step / iteration_s:.1%} of the iteration time"
+    return what
