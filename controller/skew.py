@@ -48,8 +48,16 @@ rank's lateness it was counted twice. Measured on all-real runs at W = 2
 recorder), draws with the excess over the least summed to 1.2x to 3.9x the real lateness
 on the six workloads of docs/fidelity.md, with the median 1.0x to 3.2x; interleaved
 against all-real, the six's errors averaged +5.6% with the least and +1.7% with the median
-(noisy: docs/fidelity.md, "A stall is a span past the usual"). A rare stall
-(a wake-up left to the next tick) is still past the median, and drawn (tests/test_skew.py).
+(noisy: docs/fidelity.md, "A stall is a span past the usual"). So only a span past the
+usual by more than SPREADS robust deviations is a stall (`stall_of`): a rare one (a
+wake-up left to the next tick) is, and drawn (tests/test_skew.py).
+
+Why some gaps are not drawn: a gap far past its place's usual (`event_cut`: by SPREADS
+robust deviations and EVENT_MIN_S) is an event every rank has at that step, an epoch's
+end, a logger's flush, the real-time class's throttling. Drawn, the emulated ranks were
+late by it at other steps (Lightning's one 40 ms gap drew 38 ms three times in a run,
+1.3 ms a broadcast against 0.005 ms between two real ranks; docs/fidelity.md, "Shared
+events"); such a gap draws the place's usual excess, and shifts by it.
 
 Why gaps: an earlier version sampled the real rank's whole period from entry to entry.
 Its waits for late emulated peers then came back as larger draws (at W = 2 the MLP came
@@ -85,6 +93,10 @@ MAX_OPEN = 4096  # auto: instances entered and not yet ended, kept for their spa
 MAX_PLACES = 4096  # auto: places observed (an iteration longer than this draws its later ones from the pool)
 MAX_HELD = 64  # auto: the emulator's holds on the real rank kept until the gap they fell in is taken
 DEFAULT = "auto"  # closer to all-real than none: 6 of 6 workloads at W = 2, 4 of 6 at W = 4 (docs/fidelity.md)
+STALL_SPANS = 8  # auto: a place's spans before one can be told a stall (its usual and spread known)
+SPREADS = 3.0  # auto: a stall, or a shared event, is past the usual by more than this many robust deviations
+EVENT_GAPS = 5  # auto: a place's gaps before one can be told a shared event
+EVENT_MIN_S = 10e-3  # auto: ...and by this much at least: longer than a tick or a timeslice holds one pinned rank
 EXACT_RANKS = 16  # `latest_entry` draws this many emulated ranks one by one (189 us at 256: on the loop)
 
 
@@ -144,6 +156,9 @@ class Skew:
         self._gaps: dict[tuple, deque[float]] = {}  # auto: place -> the real rank's recent gaps there
         self._spans: dict[tuple, deque[float]] = {}  # auto: place -> its recent spans there, less drawn waits
         self._stalls: dict[tuple, float] = {}  # auto: place -> its last span's excess over the usual there
+        # auto: place -> its gaps' usual excess over their least, and the excess past which a gap is an
+        # event every rank shares (`event_cut`, worked out off the start's path)
+        self._cuts: dict[tuple, tuple[float, float]] = {}
         # auto: instance -> (place, its entry, the group's world and real ranks): its drawn wait is
         # reckoned when it ends, off the start's path (a native start waits for `entry`)
         self._open: dict[str, tuple[tuple, Entry, int, frozenset[int]]] = {}
@@ -225,9 +240,11 @@ class Skew:
         entered later found it in flight; under auto the next gap starts here, and the
         instance's span, less the wait its draws made and the emulator's own `lag` (its
         latest send's, past release and inputs), is a sample of the real rank's stalls at
-        its place, and its excess over the place's usual span (their median) is the stall
-        the place's next draw adds. A span with the lag in it would draw the emulator's
-        lateness again, as the emulated ranks' the next iteration."""
+        its place, and its excess over the place's usual span (their median), when past
+        their ordinary spread, is the stall the place's next draw adds. A span with the lag
+        in it would draw the emulator's lateness again, as the emulated ranks' the next
+        iteration. The place's gaps so far give the cut past which its next gap is an event
+        every rank shares (`event_cut`)."""
         if self._last is not None and self._last[0] == instance:
             self._last_end = t
         if self.mode != "auto":
@@ -240,7 +257,10 @@ class Skew:
         waited = latest_entry(entry, world, real) if entry.draws and world else 0.0
         spans = self._spans.setdefault(place, deque(maxlen=WINDOW))
         spans.append(max(0.0, t - entry.t0 - waited - lag))
-        self._stalls[place] = max(0.0, spans[-1] - statistics.median(spans))  # off the start's path
+        self._stalls[place] = stall_of(spans)  # off the start's path
+        cut = event_cut(self._gaps.get(place, ()))
+        if cut is not None:
+            self._cuts[place] = cut
 
     def held(self, start: float, end: float, cpu: float | None = None) -> None:
         """The emulator's own work used `cpu` seconds of the real rank's core between `start`
@@ -318,11 +338,48 @@ class Skew:
         gaps = self._gaps.setdefault(place, deque(maxlen=WINDOW))
         gaps.append(t - self._end - (self._held_within(self._end, t) if self._held else 0.0))
         excess = gaps[-1] - min(gaps)
+        cut = self._cuts.get(place)
+        if cut is not None and excess > cut[1]:  # an event every rank has (an epoch's end): no rank late for it
+            excess = cut[0]
         if len(gaps) > 1:
             draw = min(excess + self._stalls.get(place, 0.0), MAX_DELAY_S)
             self._pool.append(draw)
             self._drawn.setdefault(place, deque(maxlen=WINDOW)).append(draw)
         return excess
+
+
+def robust_spread(xs: deque[float] | list[float], usual: float) -> float:
+    """The spread of `xs` around `usual` as a standard deviation would read it, from their
+    median absolute deviation: one outlier does not move it."""
+    return 1.4826 * statistics.median(abs(x - usual) for x in xs)
+
+
+def event_cut(gaps: deque[float] | list[float]) -> tuple[float, float] | None:
+    """(The place's usual gap excess over the least, the excess past which a gap is an event
+    every rank shares), or None before EVENT_GAPS gaps. A gap past its place's usual by more
+    than SPREADS robust deviations and EVENT_MIN_S is the program's doing, not one rank's
+    variation: an epoch's end, a logger's flush, a collection at the same allocation count
+    come at the same step on every rank, and the real-time class's throttling in the same
+    second (docs/fidelity.md, "Shared events"). A scheduler holds one pinned rank for a tick
+    or a timeslice at most: less than EVENT_MIN_S, still drawn. Drawn, the
+    emulated ranks were late by it at other steps; taken as the real rank's own lateness,
+    the emulated ranks were early by it at this one. Such a gap counts as a usual one."""
+    if len(gaps) < EVENT_GAPS:
+        return None
+    usual, least = statistics.median(gaps), min(gaps)
+    return usual - least, usual - least + max(SPREADS * robust_spread(gaps, usual), EVENT_MIN_S)
+
+
+def stall_of(spans: deque[float] | list[float]) -> float:
+    """The stall in a place's latest span: its excess over the place's usual span (the
+    median of its recent ones) when that excess is past their ordinary spread (SPREADS
+    robust deviations), else none. The ordinary spread is both ranks' alike; an outlier (a
+    wake-up left to the next scheduler tick) is one rank's. Needs STALL_SPANS spans."""
+    if len(spans) < STALL_SPANS:
+        return 0.0
+    usual = statistics.median(spans)
+    excess = spans[-1] - usual
+    return excess if excess > SPREADS * robust_spread(spans, usual) else 0.0
 
 
 def latest_entry(entry: Entry, world: int, real: frozenset[int]) -> float:

@@ -1,6 +1,7 @@
 """How late a second real rank enters each collective, against what `--skew auto` draws.
 
-    python scripts/bench_skew_lateness.py [--workloads mlp,lightning] [--repeat 3] [--steps 60]
+    python scripts/bench_skew_lateness.py [--workloads mlp,lightning] [--repeat 3] [--steps 60] [--realtime]
+                                          [--keep DIR]
 
 `--skew auto` stands in for the ranks an emulated run does not have: each emulated rank
 enters each collective late by a draw of the real rank's own variation. This checks the
@@ -22,7 +23,10 @@ the mean lateness of rank 1 after rank 0 (and of rank 0 after rank 1) all-real, 
 drawn lateness of the emulated rank, and the ratio of the drawn to the mean of the two
 real ones (which rank stays real is the user's choice). A lateness is one part of what a peer costs;
 its stalls inside a collective (the draws' stall term) are the other, which entry times
-cannot show.
+cannot show. `--realtime` runs every real rank of both in the real-time class (SCHED_RR 1), as
+`validate --realtime` and `scripts/fidelity.py --realtime` do: the draws are then checked
+under the conditions the fidelity table is measured in. `--keep DIR` keeps each repetition's
+recordings (the all-real ranks' entries, the emulated run's trace) in DIR, to replay again.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--realtime", action="store_true", help="every real rank of both runs in the real-time class")
+    p.add_argument("--keep", type=Path, help="keep each repetition's recordings in this folder")
     ns = p.parse_args()
     logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
     os.environ["PET_LOG_DIR"] = logs.name
@@ -127,18 +133,21 @@ def main() -> None:
           "| drawn / all-real, either rank |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
+        if ns.keep is not None:
+            ns.keep.mkdir(parents=True, exist_ok=True)
         Path(tmp, "sitecustomize.py").write_text(RECORDER)
         for name in ns.workloads.split(","):
             real: dict[str, list[float]] = collections.defaultdict(list)
             drawn: dict[str, list[float]] = collections.defaultdict(list)
             for rep in range(ns.repeat):
-                folder = Path(tmp, f"{name}-{rep}")
-                folder.mkdir()
+                folder = Path(ns.keep or tmp, f"{name}-{rep}")
+                folder.mkdir(exist_ok=ns.keep is not None)
                 argv = [*WORKLOADS[name], "--steps", str(ns.steps)]
-                run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *argv],
+                run([*(["chrt", "-r", "1"] if ns.realtime else []), sys.executable, "-m", "torch.distributed.run",
+                     "--nproc-per-node", "2", *argv],
                     {"PYTHONPATH": tmp, "NBX_LATENESS_OUT": str(folder), "TORCH_FR_BUFFER_SIZE": "20000"})  # fmt: skip
                 run([sys.executable, "-m", "neuronabox.cli", "torchrun", "--nnodes", "2", "--skew", "none", "--trace",
-                     str(folder / "trace.jsonl"), *argv])  # fmt: skip
+                     str(folder / "trace.jsonl"), *(["--realtime"] if ns.realtime else []), *argv])  # fmt: skip
                 for kind, xs in real_lateness(folder).items():
                     real[kind] += xs
                 for kind, xs in drawn_lateness(folder / "trace.jsonl").items():

@@ -63,25 +63,26 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
 
     skew, key = Skew.parse("auto"), ("0", "allreduce", 4096)
     t, entry = 0.0, None
-    for i, (gap, span) in enumerate([(10e-3, 1e-3), (10e-3, 1e-3), (14e-3, 1e-3), (11e-3, 3e-3), (10e-3, 1e-3)]):
+    history = [(10e-3, 1e-3)] * 8 + [(14e-3, 1e-3), (11e-3, 3e-3), (10e-3, 1e-3)]
+    for i, (gap, span) in enumerate(history):
         skew.on_step()
         t += gap  # the real rank computes for `gap` after its last collective ended
         entry = skew.entry(t, {}, key, f"0/{i}")  # a broadcast-like entry: nothing drawn waits on it
         t += span
         skew.ended(f"0/{i}", t)
-    # the first entry has no collective before it; then gaps of 10, 14, 11 and 10 ms: from the second on,
-    # the excess over the least so far (4, 1, 0 ms) plus the place's stall the iteration before (2 ms after
-    # the 3 ms span) is a draw
-    assert tuple(skew._pool) == pytest.approx((4e-3, 1e-3, 2e-3), abs=1e-12)
+    # the first entry has no collective before it; then gaps of 10 ms (seven), 14, 11 and 10 ms: from the
+    # second on, the excess over the least so far (0 six times, 4, 1, 0 ms) plus the place's stall the
+    # iteration before (2 ms after the 3 ms span, once the place has 8 spans to tell its usual) is a draw
+    assert tuple(skew._pool) == pytest.approx((0.0,) * 6 + (4e-3, 1e-3, 2e-3), abs=1e-12)
     assert entry.shift == pytest.approx(0.0, abs=1e-12)
     skew.on_step()
-    entry = skew.entry(t + 13e-3, {}, key, "0/9")  # the real rank is 3 ms late itself this time
+    entry = skew.entry(t + 13e-3, {}, key, "0/19")  # the real rank is 3 ms late itself this time
     assert entry.shift == pytest.approx(3e-3)
     assert all(0 <= entry.of(r) - entry.t0 <= 1e-3 + 1e-12 for r in range(1, 100))  # 4 - 3 ms at most
-    skew.ended("0/9", t + 14e-3)
+    skew.ended("0/19", t + 14e-3)
     skew.on_step()
-    overlapped = skew.entry(t + 13.5e-3, {}, key, "0/10")  # entered before the last one ended: no gap
-    assert len(skew._pool) == 4  # 0/9 drew one (3 ms), 0/10 none: it carries 0/9's entry
+    overlapped = skew.entry(t + 13.5e-3, {}, key, "0/20")  # entered before the last one ended: no gap
+    assert len(skew._pool) == 10  # 0/19 drew one (3 ms), 0/20 none: it carries 0/19's entry
     assert (overlapped.draws, overlapped.shift, overlapped.seed) == (entry.draws, entry.shift, entry.seed)
     quiet = Skew.parse("auto")  # no optimizer step reported: nothing recurs, nothing is drawn
     for i in range(5000):
@@ -100,21 +101,47 @@ def test_auto_skew_draws_the_real_ranks_own_gaps_and_stalls_and_shifts_by_its_ga
 def test_auto_skew_draws_a_span_longer_than_the_places_usual_as_a_stall_and_not_its_spread():
     """A place's spans spread every iteration (1, 1.5, 2 ms in turn: a DDP bucket's transfer
     sharing the core with the rest of the backward pass, as on every rank at once): that
-    spread is the place's usual, and only a span past the median of its recent ones is a
-    stall. The 6 ms span draws 4.5 ms; over the least it drew the ordinary spread too
-    (0.5, 1, 0.5, 1 ms more), which two real ranks do not wait for."""
+    spread is the place's usual, and only a span past its median by more than 3 robust
+    deviations is a stall. The 6 ms span draws 4.5 ms; the 2 ms spans, 0.5 ms past the
+    median, draw nothing (over the median they drew it, over the least 1 ms): two real
+    ranks do not wait for each other's ordinary spread."""
     from neuronabox.controller.skew import Skew
 
     skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
-    for i, span in enumerate((1e-3, 1.5e-3, 2e-3, 1e-3, 1.5e-3, 2e-3, 6e-3, 1e-3)):
+    for i, span in enumerate((1e-3, 1.5e-3, 2e-3) * 3 + (6e-3, 1e-3)):
         skew.on_step()
         t += 10e-3  # the same gap every time: each draw is the stall alone
         skew.entry(t, {}, key, f"0/{i}")
         t += span
         skew.ended(f"0/{i}", t)
-    # from the third entry on (the second has the first gap, nothing to exceed), each draws the span
-    # before it less the median of the spans so far
-    assert tuple(skew._pool) == pytest.approx((0.25e-3, 0.5e-3, 0.0, 0.0, 0.5e-3, 4.5e-3), abs=1e-12)
+    # from the third entry on (the second has the first gap, nothing to exceed), each draws the stall
+    # of the span before it: none before 8 spans, none in the ordinary spread (median 1.5 ms, median
+    # absolute deviation 0.5 ms: 2.22 ms), then the 6 ms span's 4.5 ms past the median
+    assert tuple(skew._pool) == pytest.approx((0.0,) * 8 + (4.5e-3,), abs=1e-12)
+
+
+@pytest.mark.parametrize("long_gap_ms,drawn_ms", [(40.0, 0.2), (18.0, 8.0)])
+def test_auto_skew_takes_a_gap_far_past_its_places_usual_as_an_event_every_rank_shares(long_gap_ms, drawn_ms):
+    """A compute gap past its place's usual by more than 3 robust deviations and 10 ms (an
+    epoch's end, a logger's flush, the real-time class's throttling) comes at the same step
+    on every rank: no rank is late for it. It draws the place's usual excess and shifts by
+    it; drawn whole, the emulated ranks were late by it at other steps. A gap 8 ms past the
+    least, under the 10 ms, is still one rank's variation and drawn whole."""
+    from neuronabox.controller.skew import Skew
+
+    skew, key, t, entry = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0, None
+    for i, gap in enumerate((10.0, 10.0, 10.2, 10.1, 10.3, 10.2, long_gap_ms, 10.1)):
+        skew.on_step()
+        t += gap * 1e-3
+        entry = skew.entry(t, {}, key, f"0/{i}")
+        if i == 6:
+            long_entry = entry
+        t += 1e-3
+        skew.ended(f"0/{i}", t)
+    # from the third entry: excess over the least (10 ms); after five gaps the place's usual is 10.2 ms
+    # (excess 0.2 ms) and its spread 0.148 ms (0.445 ms for three), so an excess past 10.2 ms is an event
+    assert tuple(skew._pool) == pytest.approx(tuple(x * 1e-3 for x in (0.2, 0.1, 0.3, 0.2, drawn_ms, 0.1)), abs=1e-9)
+    assert long_entry.shift == pytest.approx(drawn_ms * 1e-3, abs=1e-9)
 
 
 def test_auto_skew_leaves_the_observers_hold_on_the_real_rank_out_of_its_gaps():
