@@ -361,9 +361,9 @@ def event_cut(gaps: deque[float] | list[float]) -> tuple[float, float] | None:
     variation: an epoch's end, a logger's flush, a collection at the same allocation count
     come at the same step on every rank, and the real-time class's throttling in the same
     second (docs/fidelity.md, "Shared events"). A scheduler holds one pinned rank for a tick
-    or a timeslice at most: less than EVENT_MIN_S, still drawn. Drawn, the
-    emulated ranks were late by it at other steps; taken as the real rank's own lateness,
-    the emulated ranks were early by it at this one. Such a gap counts as a usual one."""
+    or a timeslice at most: less than EVENT_MIN_S, still drawn. Drawn, such a gap made the
+    emulated ranks late by it at other steps; taken as the real rank's own lateness, it
+    made them early by it at this one. So it counts as a usual gap. About 4 us, on `ended`."""
     if len(gaps) < EVENT_GAPS:
         return None
     usual, least = statistics.median(gaps), min(gaps)
