@@ -77,11 +77,13 @@ def all_real_output(worker: list[str], realtime: bool = False) -> str:
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
     procs = []
+    # the agents' logs go with this call (torchrun's default, a fresh /tmp/torchelastic_* a run, stays)
+    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")
     for node in (0, 1):
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
             "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
-            f"--master-port={port}", *worker,
+            f"--master-port={port}", f"--log-dir={logs.name}/node{node}", *worker,
         ]  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       env=env, preexec_fn=pinned(node, realtime)))  # fmt: skip
@@ -91,6 +93,7 @@ def all_real_output(worker: list[str], realtime: bool = False) -> str:
         for p in procs:
             p.kill()
             p.wait()
+        logs.cleanup()
     if any(p.returncode for p in procs):
         raise RuntimeError("all-real run failed:\n" + "\n".join(err[-2000:] for _, err in outs))
     return outs[0][0]
@@ -165,8 +168,6 @@ def main() -> None:
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     args = ap.parse_args()
-    logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
-    os.environ["PET_LOG_DIR"] = logs.name
     refs = [name for name in REFERENCES if getattr(args, name)]
     floor = args.noise_floor
     sizes = [parse_size(s) for s in args.sizes.split(",")]
