@@ -84,7 +84,7 @@ class RunRecorder:
         if self.trace is not None:
             self.trace.step(rank, t)
 
-    def on_held(self, rank: int, start: float, end: float, cpu: float, same_clock: bool = True) -> None:
+    def on_held(self, rank: int, start: float, end: float, cpu: float, same_clock: bool) -> None:
         """Real rank `rank`'s observer used `cpu` seconds of its core between `start` and
         `end` (monotonic seconds; on this process's clock when `same_clock`, else only
         durations mean anything)."""

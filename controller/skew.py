@@ -20,8 +20,8 @@ per instance, from a distribution (`schedules.timing.Entry`):
   ended: its **gap** (the time from that end to its entry) and, as the collective runs,
   its stalls inside it. At each place, the real rank's gap in excess of the least of its
   recent gaps there, plus its stall there the iteration before (the collective's span,
-  less the wait its draws made, in excess of the place's usual span: the median of its
-  recent ones), is one draw; the time the emulator's own work held the real rank (its
+  less the wait its draws made, in excess of the place's usual span, the median of its
+  recent ones, when past their ordinary spread), is one draw; the time the emulator's own work held the real rank (its
   observer's flight-recorder dumps) is left out of the gaps. An instance
   draws from its place's own recent draws (from the pool of every place's until it has
   PLACE_DRAWS): a collective entered right after a blocking one finds its ranks in step,
@@ -261,15 +261,15 @@ class Skew:
         if cut is not None:
             self._cuts[place] = cut
 
-    def held(self, start: float, end: float, cpu: float | None = None) -> None:
+    def held(self, start: float, end: float, cpu: float) -> None:
         """The emulator's own work used `cpu` seconds of the real rank's core between `start`
-        and `end` (its observer's flight-recorder dump, told by the observer; None: all of
-        it): auto leaves that out of the gap it fell in, spread evenly over the window (in
+        and `end` (its observer's flight-recorder dump, told by the observer): auto leaves
+        that out of the gap it fell in, spread evenly over the window (in
         it the rank's threads ran whenever the observer's waited for the GIL). It is not the
         rank's variation: an all-real rank never does it, and drawn as the emulated ranks'
         lateness it was paid twice (docs/fidelity.md, "The observer's dumps")."""
         if self.mode == "auto" and end > start:
-            share = 1.0 if cpu is None else min(max(cpu / (end - start), 0.0), 1.0)
+            share = min(max(cpu / (end - start), 0.0), 1.0)
             self._held.append((start, end, share))
 
     def _held_within(self, since: float, t: float) -> float:
@@ -291,7 +291,7 @@ class Skew:
         entries: list[tuple[tuple, float, float, float]],
         steps: list[float],
         seed: int = 0,
-        held: list[tuple[float, ...]] = (),
+        held: list[tuple[float, float, float]] = (),
     ) -> Skew:
         """`auto` for a replay: the draws a live run would have made from the real rank's
         recorded collectives ((group, kind, bytes), entry, end, the emulator's lag), its
@@ -308,10 +308,10 @@ class Skew:
         self,
         entries: list[tuple[tuple, float, float, float]],
         steps: list[float],
-        held: list[tuple[float, ...]] = (),
+        held: list[tuple[float, float, float]] = (),
     ) -> Iterator[tuple[int, Entry]]:
         """Feed this skew a recorded real rank's collectives (as `recorded` takes them),
-        optimizer steps and the emulator's holds on it ((start, end[, cpu]), told as each ends) in
+        optimizer steps and the emulator's holds on it ((start, end, cpu), told as each ends) in
         time order, as a live run would, and yield each collective's index with the entry
         it drew. No group's world is given: a recording's spans hold the waits its own run
         made, none of these draws'."""

@@ -295,11 +295,14 @@ def test_dtype_reports_thin_out_after_the_first_steps_and_lose_nothing(tmp_path)
     # every dump held the real rank's core, and the observer said when (--skew auto leaves it
     # out of the rank's gaps): one hold a report at least, on the trace's clock, inside the run
     first = min(rec["per_rank"]["0"][0] for rec in doc["instances"])
+    last = max(rec["per_rank"]["0"][1] for rec in doc["instances"])
     assert len(doc["held"]) >= len(reports)
-    assert all(rank == 0 and first - 60e6 < a < b < a + 1e6 for rank, a, b, _ in doc["held"]), doc["held"][:3]
+    # a window is not the dump's length: under load the first one waited 1.2 s for the GIL, for 0.2 ms of CPU
+    assert all(rank == 0 and first - 60e6 < a < b < last + 60e6 for rank, a, b, _ in doc["held"]), doc["held"][:3]
     # the dump's own CPU, within its window (epoch microseconds carry a quarter microsecond)
     assert all(0 < cpu <= b - a + 1 for _, a, b, cpu in doc["held"]), doc["held"][:3]
-    # the footer counts the same holds' CPU, and the summary tells the user what they cost the rank
+    # the footer counts the same holds' CPU (the same figures, rounded to 1 ns in the trace and
+    # 1 us in the footer: no timing compared), and the summary tells the user what they cost the rank
     footer = lines[-1]["end"]["observer_held"]
     assert footer["0"]["times"] == len(doc["held"])
     assert footer["0"]["seconds"] == pytest.approx(sum(cpu for *_, cpu in doc["held"]) / 1e6, rel=1e-3, abs=1e-5)

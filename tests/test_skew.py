@@ -154,15 +154,15 @@ def test_auto_skew_leaves_the_observers_hold_on_the_real_rank_out_of_its_gaps():
     pools = []
     for hold in (0.0, 0.6e-3):
         skew, key, t = Skew.parse("auto"), ("0", "allreduce", 4096), 0.0
-        skew.held(-1.0, -0.5)  # long before: let go
+        skew.held(-1.0, -0.5, 0.5)  # long before: let go
         for i, gap in enumerate((10e-3, 10e-3, 10e-3, 11e-3 + hold, 10e-3)):
             skew.on_step()
             if i == 3 and hold:
-                skew.held(t + 2e-3, t + 2e-3 + hold)  # inside the gap
+                skew.held(t + 2e-3, t + 2e-3 + hold, hold)  # inside the gap, all of it the dump's CPU
             t += gap
             skew.entry(t, {}, key, f"0/{i}")
             if i == 1:
-                skew.held(t + 0.1e-3, t + 0.5e-3)  # inside the span: not a gap's
+                skew.held(t + 0.1e-3, t + 0.5e-3, 0.4e-3)  # inside the span: not a gap's
             t += 1e-3
             skew.ended(f"0/{i}", t)
         pools.append(tuple(skew._pool))
@@ -190,8 +190,8 @@ def test_auto_skew_leaves_out_only_the_cpu_a_hold_used_spread_over_its_window():
         return tuple(skew._pool)
 
     assert pool(0.6e-3) == pytest.approx((0.0, 1e-3, 0.0), abs=1e-12)
-    # the whole window taken out: the 11.6 ms gap reads 9.2 ms, the least of the place's
-    assert pool(None) == pytest.approx((0.0, 0.0, 0.8e-3), abs=1e-12)
+    # a window that used all of itself is taken out whole: the 11.6 ms gap reads 9.2 ms, the least of the place's
+    assert pool(2.4e-3) == pytest.approx((0.0, 0.0, 0.8e-3), abs=1e-12)
 
 
 def test_a_replay_leaves_out_the_holds_a_live_run_did():
@@ -205,11 +205,11 @@ def test_a_replay_leaves_out_the_holds_a_live_run_did():
         t += 10e-3 + (3e-3 if i == 4 else 0.0)
         entries.append((key, t, t + 1e-3, 0.0))
         t += 1e-3
-    hold = (entries[3][2] + 5e-3, entries[3][2] + 8e-3)  # the fifth gap's extra 3 ms
+    hold = (entries[3][2] + 5e-3, entries[3][2] + 8e-3, 3e-3)  # the fifth gap's extra 3 ms, all CPU
     with_hold = Skew.recorded(entries, steps, held=[hold])
     without = Skew.recorded(entries, steps)
     assert max(with_hold.draws) == pytest.approx(0.0, abs=1e-12)
-    # as a trace has it, with the CPU it used: a 6 ms window that used 3 ms leaves out the same
+    # a 6 ms window that used 3 ms of CPU leaves out the same 3 ms
     wide = (hold[0] - 2e-3, hold[1] + 1e-3, 3e-3)
     assert max(Skew.recorded(entries, steps, held=[wide]).draws) == pytest.approx(0.0, abs=1e-12)
     assert max(without.draws) == pytest.approx(3e-3, abs=1e-12)

@@ -29,7 +29,7 @@ def monotonic_offset(path: str = TIMENS_OFFSETS) -> str:
     except OSError:
         return ""
     for line in text.splitlines():
-        name, *value = line.split()
-        if name in ("monotonic", "1") and value and any(v.strip("0") for v in value):
-            return "+" + ".".join(value)
+        fields = line.split()
+        if fields[:1] == ["monotonic"] and any(v.strip("0") for v in fields[1:]):  # the kernel names the clocks
+            return "+" + ".".join(fields[1:])
     return ""
