@@ -1,7 +1,7 @@
 """How much a fresh launch of the same compute differs from the last, on this machine.
 
     python scripts/bench_launch_noise.py [--launches N] [--steps S] [--workloads mlp,cnn,gpt] [--reps 5,15]
-                                         [--pages 4k,huge]
+                                         [--pages 4k,huge,reserved]
 
 `validate` compares medians of K runs a side, and every run is a new process. Each
 workload here runs alone (world 1: no peer, no network, no NeuronaBox), pinned to core
@@ -11,9 +11,10 @@ median iteration times, and the error that two sides of K launches each show wit
 difference between them at all (`validate`'s resolution: two sets of K drawn from the
 launches' medians, 2000 times; the 90th percentile of |median(A) / median(B) - 1|, and
 how often it is within `--bar`). An error smaller than that is not resolved at K repetitions,
-whatever the emulator does. `--pages 4k,huge` runs every launch both ways, interleaved:
-malloc on the system's default pages, and on transparent huge pages as `validate` runs its
-processes by default (neuronabox/fidelity/huge_pages.py).
+whatever the emulator does. `--pages 4k,huge,reserved` runs every launch each way,
+interleaved: malloc on the system's default pages, on transparent huge pages (`validate
+--huge-pages`), and on the reserved hugetlb pool (`validate --huge-pages reserved`, which
+needs `vm.nr_hugepages`) (neuronabox/fidelity/huge_pages.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from neuronabox.fidelity.huge_pages import with_huge_pages
+from neuronabox.fidelity.huge_pages import problem, with_huge_pages
 from neuronabox.fidelity.validate import no_difference_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,13 +42,18 @@ def pinned_run(script: str, steps: int, core: int = 0, torchrun: tuple[str, ...]
             "--nproc-per-node", "1", script, "--steps", str(steps)]  # fmt: skip
 
 
+PAGES = {"4k": None, "huge": "transparent", "reserved": "reserved"}  # --pages -> validate --huge-pages's MODE
+
+
 def paged(env: dict[str, str], pages: str) -> dict[str, str]:
-    """`env` with malloc's pages as `pages` says (4k: the system's; huge: validate --huge-pages's)."""
-    return with_huge_pages(env) if pages == "huge" else env
+    """`env` with malloc's pages as `pages` says (4k: the system's; huge and reserved:
+    validate --huge-pages transparent and reserved)."""
+    mode = PAGES[pages]
+    return env if mode is None else with_huge_pages(env, mode)
 
 
 def launch(script: str, steps: int, pages: str) -> float:
-    """One fresh process's median iteration time, ms, on core 0; `pages`: 4k or huge."""
+    """One fresh process's median iteration time, ms, on core 0; `pages`: a key of PAGES."""
     env = paged(dict(os.environ), pages)
     out = subprocess.run(pinned_run(script, steps), capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     found = LINE.search(out.stdout + out.stderr)
@@ -70,13 +76,17 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--reps", default="5", help="the K of `validate --repeat K` to give the floor for")
     p.add_argument("--bar", type=float, default=2.0, help="an error bar, %% (the chance a no-difference pair meets it)")
-    p.add_argument("--pages", default="4k", help="4k, huge or both (4k,huge): malloc's pages, interleaved")
+    p.add_argument("--pages", default="4k", help="4k, huge, reserved or several (4k,reserved): malloc's pages, "
+                   "interleaved")  # fmt: skip
     args = p.parse_args()
     logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
     os.environ["PET_LOG_DIR"] = logs.name
     pages = args.pages.split(",")
-    if set(pages) - {"4k", "huge"}:
-        sys.exit(f"--pages takes 4k and huge, got {args.pages!r}")
+    if set(pages) - PAGES.keys():
+        sys.exit(f"--pages takes {', '.join(PAGES)}, got {args.pages!r}")
+    for pg in pages:
+        if PAGES[pg] is not None and (lacking := problem(PAGES[pg])):
+            sys.exit(f"--pages {pg}: {lacking}")
     names = [f"{w} {pg}" if len(pages) > 1 else w for w in args.workloads.split(",") for pg in pages]
     reps = [int(k) for k in args.reps.split(",")]
     medians: dict[str, list[float]] = {n: [] for n in names}

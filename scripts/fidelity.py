@@ -1,7 +1,8 @@
 """The fidelity table (docs/fidelity.md): `neuronabox validate` over the validation workloads.
 
     python scripts/fidelity.py [--only loopback|netns] [--nnodes W] [--rate R] [--repeat K] [--steps N] [--out DIR]
-                               [--noise-floor] [--skew auto|none|FILE] [--realtime] [--resolve PCT [--max-repeat M]]
+                               [--noise-floor] [--skew auto|none|FILE] [--realtime] [--huge-pages [MODE]]
+                               [--resolve PCT [--max-repeat M]]
                                [--cpu-share CORES]
 
 For each testbed (loopback W=2; netns W=4 and W=8 with one real rank, at two link
@@ -97,7 +98,8 @@ def main() -> int:
     p.add_argument("--skew", default=DEFAULT_SKEW, help="the emulated runs' --skew (auto, the default; none; a file)")
     p.add_argument("--noise-floor", action="store_true", help="all-real against all-real (validate --noise-floor)")
     p.add_argument("--realtime", action="store_true", help="every real rank in the real-time class (validate's)")
-    p.add_argument("--huge-pages", action="store_true", help="malloc on transparent huge pages (validate's)")
+    p.add_argument("--huge-pages", nargs="?", const="transparent", choices=("transparent", "reserved"),
+                   help="malloc on 2 MiB pages, transparent or from the reserved pool (validate's)")  # fmt: skip
     p.add_argument("--resolve", metavar="PCT", help="go on past --repeat until the resolution reaches PCT (validate's)")
     p.add_argument("--max-repeat", type=int, help="--resolve's cap on the repetitions (validate's)")
     p.add_argument("--cpu-share", help="netns: cores per node (validate's; its default 0.8 x the cores / nodes)")
@@ -123,7 +125,7 @@ def main() -> int:
             nbx("calibrate", *shaping, "--out", str(topo))
         for name in ns.workloads.split(","):
             tail = ("noise-floor" if ns.noise_floor else f"skew-{Path(ns.skew).name}") + ("-rt" if ns.realtime else "")
-            tail += "-huge" if ns.huge_pages else ""
+            tail += {"transparent": "-huge", "reserved": "-reserved", None: ""}[ns.huge_pages]
             tail += f"-cpu{ns.cpu_share}" if ns.cpu_share and testbed == "netns" else ""
             csv_path = out / f"{testbed}-{rate or 'lo'}-w{nnodes}-{name}-{tail}.csv"
             if name in FRAMEWORKS:
@@ -135,7 +137,7 @@ def main() -> int:
             skew = [] if ns.noise_floor else ["--skew", ns.skew]
             nbx("validate", "--nnodes", str(nnodes), *shaping, *topology, "--repeat", str(ns.repeat),
                 "--warmup-steps", str(ns.warmup), *skew, *floor, *(["--realtime"] if ns.realtime else []),
-                *(["--huge-pages"] if ns.huge_pages else []), *resolving,
+                *([f"--huge-pages={ns.huge_pages}"] if ns.huge_pages else []), *resolving,
                 *(["--cpu-share", ns.cpu_share] if ns.cpu_share and testbed == "netns" else []),
                 "--csv", str(csv_path), "--",
                 *WORKLOADS[name], *runs)  # fmt: skip

@@ -343,8 +343,22 @@ HUGE_PAGES_PROBE = """
 import torch
 x = torch.ones(16 << 20)  # 64 MiB through PyTorch's CPU allocator, i.e. malloc
 smaps = open("/proc/self/smaps_rollup").read()
-print([int(l.split()[1]) for l in smaps.splitlines() if l.startswith("AnonHugePages:")][0])
+print(*[int(l.split()[1]) for l in smaps.splitlines() if l.startswith(("AnonHugePages:", "Private_Hugetlb:"))])
 """
+
+
+def huge_pages_of(tmp_path, mode: str | None) -> tuple[int, int]:
+    """kB of a validate run's process on transparent huge pages and on the hugetlb pool,
+    under `--huge-pages mode` (None: without it)."""
+    from neuronabox.fidelity.testbed import Host
+    from neuronabox.fidelity.validate import Job, Runner
+
+    job = Job(2, 1, [0], [], ["x.py"], huge_pages=mode)
+    env = Runner(job, tmp_path, 60, loopback=True).env(Host("node0", "127.0.0.1"))
+    out = subprocess.run([sys.executable, "-c", HUGE_PAGES_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    thp, hugetlb = out.stdout.split()[-2:]
+    return int(thp), int(hugetlb)
 
 
 def test_huge_pages_reach_both_runs_processes_and_keep_the_users_tunables(tmp_path):
@@ -352,8 +366,6 @@ def test_huge_pages_reach_both_runs_processes_and_keep_the_users_tunables(tmp_pa
     PyTorch's tensors on transparent huge pages; without it, the system's default. The
     user's own tunables survive, their hugetlb setting wins."""
     from neuronabox.fidelity import huge_pages
-    from neuronabox.fidelity.testbed import Host
-    from neuronabox.fidelity.validate import Job, Runner
 
     assert huge_pages.with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"] == (
         "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
@@ -362,20 +374,94 @@ def test_huge_pages_reach_both_runs_processes_and_keep_the_users_tunables(tmp_pa
     assert huge_pages.with_huge_pages(mine) == mine and huge_pages.with_huge_pages({})["GLIBC_TUNABLES"] == (
         "glibc.malloc.hugetlb=1"
     )
+    assert huge_pages.with_huge_pages({}, "reserved")["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=2"
     off = tmp_path / "enabled"
     off.write_text("always madvise [never]\n")
-    assert huge_pages.problem(off) == f"transparent huge pages are off ({off}: never)"
-    assert "no transparent huge pages" in huge_pages.problem(tmp_path / "absent")
+    assert huge_pages.problem("transparent", off) == f"transparent huge pages are off ({off}: never)"
+    assert "no transparent huge pages" in huge_pages.problem("transparent", tmp_path / "absent")
     if (why := huge_pages.problem()) is not None:  # the flag refuses to run there; nothing to measure
         pytest.skip(f"this machine cannot give huge pages: {why}")
-
-    def probe(huge: bool) -> int:
-        job = Job(2, 1, [0], [], ["x.py"], huge_pages=huge)
-        env = Runner(job, tmp_path, 60, loopback=True).env(Host("node0", "127.0.0.1"))
-        out = subprocess.run([sys.executable, "-c", HUGE_PAGES_PROBE], env=env, capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
-        return int(out.stdout.split()[-1])
-
-    assert probe(True) >= 32 << 10  # kB: at least half the tensor on 2 MiB pages
+    assert huge_pages_of(tmp_path, "transparent")[0] >= 32 << 10  # kB: at least half the tensor on 2 MiB pages
     if "[madvise]" in huge_pages.THP_ENABLED.read_text():
-        assert probe(False) == 0  # only what malloc asked for gets them
+        assert huge_pages_of(tmp_path, None)[0] == 0  # only what malloc asked for gets them
+
+
+MEMINFO = (
+    "MemTotal:       24000000 kB\nHugePages_Total:    {total}\nHugePages_Free:     {free}\nHugePages_Rsvd:  {rsvd}\n"
+)
+
+
+def test_the_hugetlb_pool_is_read_checked_and_watched_as_meminfo_gives_it(tmp_path):
+    """--huge-pages reserved needs pages no mapping has claimed (free less reserved); the
+    watch keeps the fewest seen and names each run during which none was left."""
+    from neuronabox.fidelity.huge_pages import Pool, PoolWatch, problem
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(MEMINFO.format(total=1024, free=900, rsvd=100))
+    pool = Pool.read(meminfo)
+    assert (pool.total, pool.available, str(pool)) == (1024, 800, "800 of 1024 pages free")
+    thp = tmp_path / "enabled"
+    thp.write_text("always [madvise] never\n")
+    assert problem("reserved", meminfo=meminfo) == problem("transparent", thp)  # both then ask only for glibc 2.35
+    meminfo.write_text(MEMINFO.format(total=1024, free=40, rsvd=40))
+    assert problem("reserved", meminfo=meminfo) == (
+        "no reserved huge pages are free (0 of 1024 pages free); reserve a pool first, "
+        "e.g. `sysctl -w vm.nr_hugepages=1024` (2 GiB of 2 MiB pages)"
+    )
+    (tmp_path / "none").write_text("MemTotal:       24000000 kB\n")
+    assert Pool.read(tmp_path / "none") is None and Pool.read(tmp_path / "absent") is None
+    assert (
+        problem("reserved", meminfo=tmp_path / "none")
+        == f"this kernel has no hugetlb pool ({tmp_path / 'none'} names none)"
+    )
+    assert problem("gigantic") == "huge pages are transparent or reserved, got 'gigantic'"
+
+    watch = PoolWatch(meminfo)
+    assert watch.lines() == []  # nothing sampled: nothing said
+    for run, free in (("rep 0 all-real", 700), ("rep 0 emulated", 0), ("rep 0 emulated", 0), ("rep 1 emulated", 500)):
+        meminfo.write_text(MEMINFO.format(total=1024, free=free, rsvd=0))
+        watch.sample(run)
+    assert watch.lines() == [
+        "  the hugetlb pool: 0 of 1024 pages free at the fewest",
+        "  the pool ran dry during rep 0 emulated: some memory fell back to 4 KiB pages, so those runs' pages "
+        "differ; reserve more (vm.nr_hugepages)",
+    ]
+
+
+@pytest.fixture
+def hugetlb_pool():
+    """A hugetlb pool of at least 256 pages (512 MiB) for the test, as root reserves one;
+    the machine's own setting is put back after."""
+    from neuronabox.fidelity.huge_pages import Pool
+
+    knob = "/proc/sys/vm/nr_hugepages"
+    pool = Pool.read()
+    if pool is None:
+        pytest.skip("this kernel has no hugetlb pool")
+    before, grown = pool.total, False
+    try:
+        if pool.available < 256:
+            try:
+                with open(knob, "w") as f:
+                    f.write(str(before + 256 - pool.available))
+                grown = True
+            except OSError as exc:
+                pytest.skip(f"no hugetlb pool, and none can be reserved here ({exc.strerror}; root can)")
+        if (pool := Pool.read()) is None or pool.available < 256:
+            pytest.skip(f"the kernel reserved too few huge pages ({pool}): memory too fragmented")
+        yield pool
+    finally:
+        if grown:
+            with open(knob, "w") as f:
+                f.write(str(before))
+
+
+def test_reserved_huge_pages_reach_a_runs_processes_from_the_pool(tmp_path, hugetlb_pool):
+    """Under --huge-pages reserved, a 64 MiB tensor of a run's process is mapped from the
+    hugetlb pool; without the flag, nothing is."""
+    from neuronabox.fidelity.huge_pages import problem
+
+    if (why := problem("reserved")) is not None:
+        pytest.skip(f"this machine cannot give reserved huge pages: {why}")
+    assert huge_pages_of(tmp_path, "reserved")[1] >= 64 << 10  # kB: the whole tensor from the pool
+    assert huge_pages_of(tmp_path, None)[1] == 0

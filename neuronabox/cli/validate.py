@@ -13,6 +13,7 @@ from pathlib import Path
 from neuronabox.args import ArgParser
 from neuronabox.cli.calibrate import add_testbed_flags
 from neuronabox.fidelity.calibrate import calibrate, testbed_rate, write_topology
+from neuronabox.fidelity.huge_pages import MODES
 from neuronabox.fidelity.testbed import Loopback, Netns, TestbedError, TestbedUnavailable, check_netns_possible
 from neuronabox.fidelity.validate import (
     AGAIN,
@@ -53,10 +54,11 @@ def build_parser() -> ArgParser:
     p.add_argument("--realtime", action="store_true",
                    help="every real rank of both runs in the real-time class, as torchrun --realtime: for a host "
                    "whose kernel leaves wake-ups for the next tick (root or CAP_SYS_NICE)")  # fmt: skip
-    p.add_argument("--huge-pages", action="store_true",
-                   help="every process of both runs with malloc on transparent huge pages (glibc.malloc.hugetlb=1), "
-                   "as a job on a host with THP always would run; it changes the job's own speed (a CNN's step 23%% "
-                   "faster on this project's VM; docs/fidelity.md, \"Huge pages\")")  # fmt: skip
+    p.add_argument("--huge-pages", nargs="?", const="transparent", choices=sorted(MODES), metavar="MODE",
+                   help="every process of both runs with malloc on 2 MiB pages: transparent (the default; "
+                   "glibc.malloc.hugetlb=1, as a host with THP always runs a job) or reserved (=2, from the hugetlb "
+                   "pool, vm.nr_hugepages: each launch runs on much the same memory, so launches differ less). It "
+                   "changes the job's own speed (docs/fidelity.md, \"Reserved huge pages\")")  # fmt: skip
     p.add_argument("--cpu-share", type=float, help="netns: cores per node (default: 0.8 x the machine's cores / nodes)")
     p.add_argument("--iteration", default="steps",
                    help="steps: time iterations between the optimizer's steps (any script; default); "
@@ -144,7 +146,7 @@ def main(argv: list[str]) -> int:
             [r.median_ms for r in job.results if r.mode == "all-real"],
             [r.median_ms for r in job.results if r.mode == second],
         )
-        print(report(job, ns, cmp, job.results))
+        print(report(job, ns, cmp, job.results, runner.pool))
         write_csv(Path(ns.csv), job, ns, cmp, job.results)
         print(f"wrote {ns.csv}")
         shutil.rmtree(folder, ignore_errors=True)

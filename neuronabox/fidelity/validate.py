@@ -145,7 +145,7 @@ class Job:
     iteration: str = "steps"  # steps: timed by the optimizer's steps; line: the script's own line
     warmup_steps: int = 3  # step intervals left out at the start (steps)
     realtime: bool = False  # every real rank of both runs in the real-time class (launcher/realtime.py)
-    huge_pages: bool = False  # every process of both runs with malloc on huge pages (huge_pages.py)
+    huge_pages: str | None = None  # every process of both runs on huge pages: transparent | reserved (huge_pages.py)
     plan: Plan = field(default_factory=lambda: Plan(3))
     results: list[RunResult] = field(default_factory=list)
 
@@ -208,7 +208,7 @@ def job_of(ns: argparse.Namespace, rest: list[str], script: list[str]) -> Job:
             raise UsageError(f"--topology: {exc}") from None
     if ns.realtime and (refused := realtime_problem()):
         raise UsageError(refused)
-    if ns.huge_pages and (lacking := huge_pages.problem()):
+    if ns.huge_pages and (lacking := huge_pages.problem(ns.huge_pages)):
         raise UsageError(f"--huge-pages: {lacking}")
     return Job(nnodes, nproc, real_nodes, passthrough, targs.script, ns.iteration, ns.warmup_steps, ns.realtime,
                ns.huge_pages, plan)  # fmt: skip
@@ -227,6 +227,7 @@ class Runner:
         self.timeout = timeout
         self.family = Family()
         self.port = 29400 + os.getpid() % 500
+        self.pool = huge_pages.PoolWatch() if job.huge_pages == "reserved" else None
 
     def next_port(self) -> int:
         """A fresh store port per run: TIME_WAIT sockets keep the last one a while. In the
@@ -264,6 +265,8 @@ class Runner:
                     raise TestbedError(
                         f"the {what} run failed (a process exited with status {bad[0]}); logs in {self.folder}"
                     )
+                if self.pool is not None:
+                    self.pool.sample(f"rep {rep} {what}")
                 if all(c == 0 for c in codes):
                     return
                 if time.monotonic() > deadline:
@@ -284,7 +287,7 @@ class Runner:
         env = dict(without_pet(os.environ), GLOO_SOCKET_IFNAME=host.ifname, PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.job.huge_pages:
-            env = huge_pages.with_huge_pages(env)
+            env = huge_pages.with_huge_pages(env, self.job.huge_pages)
         if steps is not None:
             steps.mkdir(parents=True, exist_ok=True)
             env[STEP_LOG] = str(steps)
@@ -437,7 +440,15 @@ def no_difference_error(runs: list[float], k: int, draws: int = 2000, seed: int 
     return out
 
 
-def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunResult]) -> str:
+def report(
+    job: Job,
+    ns: argparse.Namespace,
+    cmp: Comparison,
+    results: list[RunResult],
+    pool: huge_pages.PoolWatch | None = None,
+) -> str:
+    """`pool`: the hugetlb pool as the runs found it (--huge-pages reserved)."""
+
     def ms(xs: list[float]) -> str:
         return f"{statistics.median(xs):9.2f} ms   [{min(xs):.2f} .. {max(xs):.2f}]"
 
@@ -450,7 +461,12 @@ def report(job: Job, ns: argparse.Namespace, cmp: Comparison, results: list[RunR
         + (f" at {testbed_rate(ns) / 1e6:g} Mbit/s" if ns.testbed == "netns" else "")
         + f", {len(cmp.real)} interleaved repetitions, iteration time of rank {job.rank} (median [min .. max]), "
         + (f"between optimizer steps after {job.warmup_steps}" if job.iteration == "steps" else "the script's own"),
-        *(["  every process of both runs with malloc on transparent huge pages (--huge-pages)"] * job.huge_pages),
+        *(
+            [f"  every process of both runs with malloc on {job.huge_pages} huge pages (--huge-pages {job.huge_pages})"]
+            if job.huge_pages
+            else []
+        ),
+        *(pool.lines() if pool is not None else []),
         f"  all-real   {ms(cmp.real)}",
         f"  {'again' if floor else 'emulated':<10} {ms(cmp.other)}",
         f"  error      {cmp.error * 100:+.1f}%   (per repetition: {min(errs) * 100:+.1f}% .. {max(errs) * 100:+.1f}%)",
