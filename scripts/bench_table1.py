@@ -21,8 +21,10 @@ of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NO
 emulated one is: the "overhead" two all-real runs show with no emulator at all. Each fresh
 launch of the same pair runs at a speed of its own on this VM (docs/fidelity.md, "Fresh
 launches"), so a cell whose floor is several percent cannot resolve a smaller overhead.
+--huge-pages transparent|reserved runs every process of both sides with malloc on 2 MiB
+pages, as `validate --huge-pages` does (reserved: from the hugetlb pool, vm.nr_hugepages).
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes] [--realtime] [--noise-floor]
+       [--recorder-sizes] [--realtime] [--noise-floor] [--huge-pages transparent|reserved]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
 
+from neuronabox.fidelity.huge_pages import MODES, problem, with_huge_pages
 from neuronabox.launcher.ports import free_port
 from neuronabox.launcher.realtime import entering
 
@@ -167,7 +170,12 @@ def main() -> None:
     )
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
+    ap.add_argument("--huge-pages", choices=sorted(MODES), help="both sides on 2 MiB pages (validate's)")
     args = ap.parse_args()
+    if args.huge_pages:
+        if lacking := problem(args.huge_pages):
+            sys.exit(f"--huge-pages: {lacking}")
+        os.environ.update(with_huge_pages(dict(os.environ), args.huge_pages))  # both sides' processes inherit it
     refs = [name for name in REFERENCES if getattr(args, name)]
     floor = args.noise_floor
     sizes = [parse_size(s) for s in args.sizes.split(",")]
