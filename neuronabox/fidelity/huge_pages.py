@@ -24,6 +24,7 @@ a word).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from neuronabox.limits import read_bounded
@@ -70,11 +71,13 @@ def with_huge_pages(env: dict[str, str], mode: str = "transparent") -> dict[str,
     return dict(env, GLIBC_TUNABLES=":".join(filter(None, [given, f"{TUNABLE}={MODES[mode]}"])))
 
 
+@dataclass(frozen=True)
 class Pool:
-    """The hugetlb pool of the default page size, as /proc/meminfo gives it."""
+    """The hugetlb pool of the default page size, as /proc/meminfo gives it (pages)."""
 
-    def __init__(self, total: int, free: int, reserved: int) -> None:
-        self.total, self.free, self.reserved = total, free, reserved
+    total: int
+    free: int
+    reserved: int  # free pages a mapping has claimed but not touched yet
 
     @property
     def available(self) -> int:
