@@ -2,12 +2,15 @@
 
 Each repetition starts after a barrier, so every rank enters together (after `--work-ms`
 of compute each, if given); the first real rank prints one line, RESULT {kind: {median_s,
-min_s, mean_s}}.
+min_s, mean_s}}. `--rusage` adds what the rank's process spent per timed call (getrusage
+around it, all its threads): the median CPU (cpu_s), voluntary context switches (waits,
+vcsw) and page faults (minflt), and the calls' deciles (deciles_s).
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -22,6 +25,7 @@ p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--reps", type=int, default=10)
 p.add_argument("--announce", action="store_true", help="print each timed repetition as it ends")
 p.add_argument("--work-ms", type=float, default=0.0, help="each rank computes this long before each collective")
+p.add_argument("--rusage", action="store_true", help="also the process's CPU, waits and faults per call")
 args = p.parse_args()
 dist.init_process_group("gloo")
 world = dist.get_world_size()
@@ -36,20 +40,29 @@ ops = {
 }
 out = {}
 for kind in args.kinds.split(","):
-    times = []
+    times, used = [], []
     for i in range(args.warmup + args.reps):
         dist.barrier()
         if args.work_ms:  # a training step's compute: busy, as a model's kernels keep the core
             until = time.perf_counter() + args.work_ms / 1e3
             while time.perf_counter() < until:
                 pass
+        r0 = resource.getrusage(resource.RUSAGE_SELF) if args.rusage else None  # outside the timed call
         t0 = time.perf_counter()
         ops[kind]()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+            if r0 is not None:
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                used.append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, r1.ru_nvcsw - r0.ru_nvcsw,
+                             r1.ru_minflt - r0.ru_minflt))  # fmt: skip
             if args.announce and dist.get_rank() == 0:
                 print(f"REP {kind} {times[-1]:.6f}", flush=True)
     out[kind] = {"median_s": statistics.median(times), "min_s": min(times), "mean_s": statistics.fmean(times)}
+    if args.rusage:
+        for k, name in enumerate(("cpu_s", "vcsw", "minflt")):
+            out[kind][name] = statistics.median(u[k] for u in used)
+        out[kind]["deciles_s"] = statistics.quantiles(times, n=10) if len(times) > 1 else times
 real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
 if dist.get_rank() == real[0]:
     print("RESULT " + json.dumps(out), flush=True)
