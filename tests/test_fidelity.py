@@ -197,7 +197,12 @@ def test_validate_noise_floor_runs_all_real_against_all_real(run, tmp_path):
     # --resolve past --repeat 1: no fresh launches resolve 0.001%, so it stops at --max-repeat,
     # the order flipped every repetition, and says so
     assert "3 interleaved repetitions" in res.out
-    assert re.search(r"not resolved: [0-9.]+% after 3 repetitions, the --max-repeat \(--resolve 0.001%\)", res.out)
+    got = re.search(r"not resolved: ([0-9.]+)% after 3 repetitions, the --max-repeat \(--resolve 0.001%\)", res.out)
+    assert got
+    # past 2% the report points to the pool; at or under it, it says nothing of it (a
+    # resolution shown as 2.0% may be either side of it)
+    if (shown := float(got[1])) != 2.0:
+        assert ("hint       the all-real runs spread past 2%: on reserved huge pages" in res.out) == (shown > 2)
     rows = list(csv.DictReader(out.open()))
     runs = ["all-real", "all-real-again", "all-real-again", "all-real", "all-real", "all-real-again"]
     assert [r["mode"] for r in rows] == [*runs, "resolution", "error"]

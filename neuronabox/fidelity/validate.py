@@ -65,6 +65,7 @@ CPU_HEADROOM = 0.8
 # ---------------------------------------------------------------------------------
 # how many repetitions
 # ---------------------------------------------------------------------------------
+WIDE = 0.02  # a resolution past this gets the report's hint: the bar fidelity is held to
 MAX_REPEAT = 60  # --resolve's default cap: 12 to 15 minutes of a bundled 40-step workload on this project's VM
 
 
@@ -475,6 +476,11 @@ def report(
         lines.append(
             f"  resolution {cmp.resolution * 100:.1f}%   (two sets of {len(cmp.real)} all-real runs drawn from these "
             "differ by this much at p90: a smaller error is not resolved)"
+        )
+    if cmp.resolution is not None and cmp.resolution > WIDE and job.huge_pages != "reserved":
+        lines.append(
+            f"  hint       the all-real runs spread past {WIDE * 100:g}%: on reserved huge pages (--huge-pages "
+            'reserved, with a hugetlb pool) fresh launches run closer (docs/fidelity.md, "Reserved huge pages")'
         )
     if (outcome := job.plan.outcome(cmp.resolution, len(cmp.real))) is not None:
         lines.append(outcome)
