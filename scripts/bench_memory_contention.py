@@ -1,7 +1,7 @@
 """What two ranks on one host take from each other besides the cores: memory bandwidth.
 
     python scripts/bench_memory_contention.py [--repeat K] [--seconds S]
-    python scripts/bench_memory_contention.py --workloads cnn,mlp,gpt [--repeat K] [--pages 4k|huge]
+    python scripts/bench_memory_contention.py --workloads cnn,mlp,gpt [--repeat K] [--pages 4k|huge|reserved]
 
 The loopback testbed's all-real baseline runs two ranks at once, one per core; its
 emulated run computes on one (the controller mostly waits). Each kernel runs for S
@@ -31,8 +31,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_launch_noise import ROOT, WORKLOADS, launch, paged, pinned_run
+from bench_launch_noise import PAGES, ROOT, WORKLOADS, launch, paged, pinned_run
 
+from neuronabox.fidelity.huge_pages import problem
 from neuronabox.launcher.ports import free_port
 from neuronabox.launcher.ranks import SITE_DIR
 from neuronabox.launcher.reaping import Family
@@ -138,7 +139,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--workloads", help="training scripts instead of kernels: " + ",".join(WORKLOADS))
     ap.add_argument("--steps", type=int, default=40, help="--workloads: steps of each measured run")
-    ap.add_argument("--pages", default="4k", choices=("4k", "huge"), help="--workloads: malloc's pages")
+    ap.add_argument("--pages", default="4k", choices=tuple(PAGES), help="--workloads: malloc's pages")
     ap.add_argument("--side", nargs=3, metavar=("KERNEL", "CORE", "SECONDS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
@@ -150,6 +151,8 @@ def main() -> None:
         names = args.workloads.split(",")
         if unknown := [n for n in names if n not in WORKLOADS]:
             sys.exit(f"no workload {unknown[0]!r}: {', '.join(WORKLOADS)}")
+        if PAGES[args.pages] is not None and (lacking := problem(PAGES[args.pages])):
+            sys.exit(f"--pages {args.pages}: {lacking}")
         workloads(names, args.repeat, args.steps, args.pages)
         return
     got = {k: {"alone": [], "together": []} for k in KERNELS}
