@@ -153,6 +153,8 @@ def main() -> None:
             sys.exit(f"no workload {unknown[0]!r}: {', '.join(WORKLOADS)}")
         if PAGES[args.pages] is not None and (lacking := problem(PAGES[args.pages])):
             sys.exit(f"--pages {args.pages}: {lacking}")
+        logs = tempfile.TemporaryDirectory(prefix="torchelastic-")  # the stock torchruns' logs, removed at exit
+        os.environ["PET_LOG_DIR"] = logs.name  # torchrun's default: a /tmp folder per launch, never removed
         workloads(names, args.repeat, args.steps, args.pages)
         return
     got = {k: {"alone": [], "together": []} for k in KERNELS}
