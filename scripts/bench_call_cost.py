@@ -17,16 +17,15 @@ common case or a rare tail.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
-from bench_table1 import all_real_output, emulated_output, label, parse_size, rotated
+from bench_table1 import all_real_output, emulated_output, label, parse_size, rotated, use_huge_pages
 
-from neuronabox.fidelity.huge_pages import MODES, problem, with_huge_pages
+from neuronabox.fidelity.huge_pages import MODES
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
@@ -62,10 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1 or args.calls < 2:
         sys.exit("--repeat must be at least 1 and --calls at least 2")
-    if args.huge_pages:
-        if lacking := problem(args.huge_pages):
-            sys.exit(f"--huge-pages: {lacking}")
-        os.environ.update(with_huge_pages(dict(os.environ), args.huge_pages))
+    use_huge_pages(args.huge_pages)
     kinds = args.kinds.split(",")
     rt = args.realtime
     print("| collective | size | run | best ms | p10 / p50 / p90 ms | median ms | CPU ms a call | median less CPU "

@@ -102,6 +102,16 @@ def all_real_output(worker: list[str], realtime: bool = False) -> str:
     return outs[0][0]
 
 
+def use_huge_pages(mode: str | None) -> None:
+    """--huge-pages: every process this benchmark starts, both sides, on `mode`'s 2 MiB
+    pages (they inherit the environment); exits with the cause where it cannot be had."""
+    if mode is None:
+        return
+    if lacking := problem(mode):
+        sys.exit(f"--huge-pages: {lacking}")
+    os.environ.update(with_huge_pages(dict(os.environ), mode))
+
+
 def all_real(nbytes: int, realtime: bool = False) -> dict:
     return result(all_real_output(worker_args(nbytes), realtime))
 
@@ -172,10 +182,7 @@ def main() -> None:
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     ap.add_argument("--huge-pages", choices=sorted(MODES), help="both sides on 2 MiB pages (validate's)")
     args = ap.parse_args()
-    if args.huge_pages:
-        if lacking := problem(args.huge_pages):
-            sys.exit(f"--huge-pages: {lacking}")
-        os.environ.update(with_huge_pages(dict(os.environ), args.huge_pages))  # both sides' processes inherit it
+    use_huge_pages(args.huge_pages)
     refs = [name for name in REFERENCES if getattr(args, name)]
     floor = args.noise_floor
     sizes = [parse_size(s) for s in args.sizes.split(",")]

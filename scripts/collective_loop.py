@@ -62,7 +62,7 @@ for kind in args.kinds.split(","):
     if args.rusage:
         for k, name in enumerate(("cpu_s", "vcsw", "minflt")):
             out[kind][name] = statistics.median(u[k] for u in used)
-        out[kind]["deciles_s"] = statistics.quantiles(times, n=10) if len(times) > 1 else times
+        out[kind]["deciles_s"] = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times
 real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
 if dist.get_rank() == real[0]:
     print("RESULT " + json.dumps(out), flush=True)
