@@ -82,6 +82,7 @@ class Instance:
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.program: Program | None = None  # the recorded program its book loaded (the shape's)
         self.native = self.posted_ahead = False  # its book started natively (adopt); after a receive posted ahead
+        self.on_note = False  # ...as its call's note came, before its frames
         self.ended_at: float | None = None  # when its book completed, if before the instance was made (adopt)
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
         self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
@@ -334,7 +335,7 @@ class Instance:
         rec.numel, rec.elem, rec.dtype = self.shape.numel, self.shape.elem, self.shape.dtype
         rec.lag = self.lag
         rec.work = self.work
-        rec.native, rec.posted_ahead = self.native, self.posted_ahead
+        rec.native, rec.posted_ahead, rec.on_note = self.native, self.posted_ahead, self.on_note
         return rec
 
     def summary(self) -> str:
@@ -376,6 +377,7 @@ class Engine:
         native_timers: bool = False,
         defer_records: bool = False,
         native_start: bool = False,
+        note_start: bool = True,
     ) -> None:
         """Each instance runs in a native book once its shape is known (controller/book.py).
         `native_timers`: the books' release timers wait in the native core, which the driver
@@ -386,7 +388,9 @@ class Engine:
         earlier instance's schedule starts natively, in the core, and its Python instance
         is made at the driver's next turn (`adopt_started`); only where releases are
         untimed or priced by a native timeline (under drawn skew, one each start draws),
-        and emulated payloads are the book's own (controller/starts.py)."""
+        and emulated payloads are the book's own (controller/starts.py). `note_start`: a
+        native start of a shape the call's note told begins as the note comes, not at the
+        instance's first frame (`Starters.arm`)."""
         self.emit = emit
         self.dialect = dialect
         self.clock = clock
@@ -407,7 +411,7 @@ class Engine:
         self.finished: WaitingRecords[Instance] = WaitingRecords()  # completed, record not yet out
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock, self.loop_cpu)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
-        self.starters = Starters(self.core, dialect, self.conn_of)  # native starts (controller/starts.py)
+        self.starters = Starters(self.core, dialect, self.conn_of, clock if note_start else None)  # starts.py
 
     def _book_timer(self, when: float, book: Book, pair: int) -> None:
         self.call_at(when, lambda: book.due(pair, self.clock()))
@@ -471,7 +475,7 @@ class Engine:
         inst.shape.geometry, inst.shape.nbytes = tpl.geometry, tpl.nbytes
         inst.shape.numel, inst.shape.elem, inst.shape.dtype = tpl.told
         inst._move(Phase.RUNNING)
-        inst.native, inst.posted_ahead = True, book.posted_ahead
+        inst.native, inst.posted_ahead, inst.on_note = True, book.posted_ahead, book.on_note
         inst.schedule, inst.book = tpl.schedule, book
         inst.pairs = {pair: i for i, pair in enumerate(tpl.pairs)}
         if self.timing is not None:

@@ -138,7 +138,7 @@ class ObserverLink:
         if kind == "all_reduce":
             if self._collides(group, numel, dtype):
                 self.engine.clear_starters()
-            self.engine.starters.arm(group, tag, numel, dtype)  # its instance may start natively
+            self.engine.starters.arm(group, tag, numel, dtype, ELEM_SIZES[dtype])  # it may start natively
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]

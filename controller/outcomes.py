@@ -40,3 +40,4 @@ class InstanceRecord:
     lag: float | None = None  # the emulator's lag (native Book.lag); None: the delay model priced nothing
     work: tuple[float, float] | None = None  # the measured local work its emulated ranks were charged (s/msg, s/byte)
     native: bool = False  # its book started natively, from an earlier instance's first frame (engine.StartTemplate)
+    on_note: bool = False  # ...as its call's note came, before any of its frames (Core.note)

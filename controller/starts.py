@@ -10,7 +10,12 @@ loss, a tiny or a large allreduce outside DDP) leaves an armed starter: it start
 an instance whose own call noted the same size (`Starters.arm`, as the note comes, ahead
 of the call's frames), never one whose first frames merely match, since an unnoted call
 (DDP's reducer, a functional collective) with the same first segment may be another size.
-An allgather's block takes two notices: its starter is kept only for a program of one
+Such a call's note starts its instance at once where a starter of the ring's geometry is
+in (`Core.note`, as the note comes): the emulated ranks enter with the real rank's call,
+not a round trip after its first frame, so their first receives may be posted before its
+first sends go, as a real peer's are when it enters with it. The note's Python turn (some
+40 us on a 2-core VM) bounds the lead; the loop leaves adoption for after the frames of the
+instance a note started (gloo/driver.py). An allgather's block takes two notices: its starter is kept only for a program of one
 pair, where the core holds the first notice until the second matches (or hands both to
 Python, in order, when it does not); meanwhile the receive of chunk 0, which the first
 notice alone tells, is posted ahead (`posts_ahead`), and the data it lets come waits with
@@ -40,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from neuronabox.schedules.gloo import Schedule
+from neuronabox.schedules.gloo import RingGeometry, Schedule
 from neuronabox.schedules.kinds import Kind
 
 from .book import Book, Core, Pair, Program
@@ -90,6 +95,19 @@ def posts_ahead(kind: str, frames: list[tuple[bool, int]]) -> bool:
     return kind == Kind.ALLGATHER and len(frames) > 1 and frames[0][0]
 
 
+def noted_ring(kind: str, schedule: Schedule) -> RingGeometry | None:
+    """The geometry a call's note can tell of an allreduce's ring: whole (every segment's
+    length known), so that a note of the same world, bytes and element size is this ring."""
+    geo = getattr(schedule, "geo", None)
+    if kind != Kind.ALLREDUCE or not isinstance(geo, RingGeometry) or not geo.last_known:
+        return None
+    return geo
+
+
+def ring_key(group: str, geo: RingGeometry) -> tuple:
+    return (group, geo.world, geo.total, geo.num_segments, geo.segment_bytes)
+
+
 @dataclass(frozen=True)
 class Seen:
     """An instance whose first frame settled its schedule, as it offers a starter."""
@@ -109,9 +127,18 @@ class Seen:
 class Starters:
     """The core's starters, one per (group, pair, collective, first frame)."""
 
-    def __init__(self, core: Core, dialect: Dialect, conn_of: Callable[[Group, int, int], Conn | None]) -> None:
-        self.core, self.dialect, self.conn_of = core, dialect, conn_of
+    def __init__(
+        self,
+        core: Core,
+        dialect: Dialect,
+        conn_of: Callable[[Group, int, int], Conn | None],
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """`clock`: a noted ring starts as its call's note comes (None: at its first frame)."""
+        self.core, self.dialect, self.conn_of, self.clock = core, dialect, conn_of, clock
         self.keys: set[tuple] = set()
+        self.note_ids: dict[tuple, int] = {}  # a ring's geometry, in its group -> the note id of its starters
+        self.worlds: dict[str, int] = {}  # a group's world, as its starters' rings tell it
         self.basis: tuple = ()  # what the starters' timelines were made under (the what-if, the local work)
         self.arm_ids: dict[tuple[str, int, str], int] = {}  # (group, numel, dtype) told -> the arm of its starters
         self.fixed = False  # a starter holds a timeline made under `basis`, moved to each start's entry
@@ -148,20 +175,33 @@ class Starters:
         if len(self.keys) >= STARTERS_KEPT:
             self.clear()
         arm = -1 if told is None else self.arm_ids.setdefault(told, len(self.arm_ids))  # cleared with the core's arms
+        note = -1
+        if (geo := noted_ring(seen.kind, tpl.schedule)) is not None:
+            self.worlds[conn.group.name] = geo.world
+            note = self.note_ids.setdefault(ring_key(conn.group.name, geo), len(self.note_ids))
         head, tail = f"{seen.kind} #", f" of group {tpl.group.name!r}"
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn, arm,
-            posts_ahead(seen.kind, frames),
+            posts_ahead(seen.kind, frames), note,
         )  # fmt: skip
         self.keys.add(key)
         self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)
 
-    def arm(self, group: str, tag: int, numel: int, dtype: str) -> None:
-        """A call of `group` noted its ring's size as it entered (before its first frame): the
-        instance of `tag` may start from a starter of that told shape. A frame alone never
-        starts a told shape: an unnoted call with the same first frames (a functional
-        collective, DDP's unused-parameter map) may be of another size."""
+    def arm(self, group: str, tag: int, numel: int, dtype: str, elem: int) -> None:
+        """A call of `group` noted its ring's size as it entered (before its first frame).
+        With the clock, a ring of that geometry whose starter is in starts now: its emulated
+        ranks enter with the real rank's call, so their first receives are posted about when
+        its first sends go, as a real peer's are that enters with it, not a round trip
+        through the controller after them. Else the instance of `tag` may start from a
+        starter of that told shape at its first frame. A frame alone never starts a told
+        shape: an unnoted call with the same first frames (a functional collective, DDP's
+        unused-parameter map) may be of another size."""
+        world = self.worlds.get(group)
+        if self.clock is not None and world is not None:
+            note = self.note_ids.get(ring_key(group, RingGeometry.for_tensor(world, numel * elem, elem)))
+            if note is not None and self.core.note(note, tag, self.clock()):
+                return
         arm = self.arm_ids.get((group, numel, dtype))
         if arm is not None:
             self.core.arm(arm, tag)
@@ -175,4 +215,5 @@ class Starters:
         self.core.clear_starters()
         self.keys.clear()
         self.arm_ids.clear()
+        self.note_ids.clear()
         self.fixed = False

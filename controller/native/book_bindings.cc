@@ -193,6 +193,9 @@ struct Starter {
   // the pair (an allgather's chunk 0): while the notices that settle the shape come, that
   // receive is posted ahead (Pair::post_ahead), so the real rank's data need not wait for them.
   bool post_ahead;
+  // -1: none. Else the shape a call's note may tell (a ring's geometry): a note of it starts
+  // the instance as it comes, before any of its frames (Core.note).
+  int64_t note;
 };
 
 // A slot's first frames on a pair, held while they are a prefix of a starter's frames.
@@ -237,6 +240,7 @@ struct BookObject {
   bool routed;
   bool finished;
   bool posted_ahead;  // started natively after a receive was posted ahead of it (Starter::post_ahead)
+  bool on_note;  // started natively as its call's note came, before any of its frames (Core.note)
 };
 
 // A recorded boundary program (book.h's Program), shared by the instances of one shape.
@@ -821,7 +825,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
 Program* program_of(PyObject* obj);
 
 // add_starter(conn, index, mask, value, frames, tag_shift, tag_mask, head, tail, program, conns, turnarounds,
-//             token, timeline, entry_delay, drawn=False, arm=-1, post_ahead=False)
+//             token, timeline, entry_delay, drawn=False, arm=-1, post_ahead=False, note=-1)
 PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   PyObject *conn, *frames_list, *program, *conns, *token, *timeline;
@@ -833,9 +837,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   int drawn = 0;
   long long arm = -1;
   int post_ahead = 0;
-  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pLp", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+  long long note = -1;
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pLpL", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
                         &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
-                        &token, &timeline, &entry_delay, &drawn, &arm, &post_ahead)) {
+                        &token, &timeline, &entry_delay, &drawn, &arm, &post_ahead, &note)) {
     return nullptr;
   }
   std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
@@ -886,7 +891,8 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   }
   Starter st{po, static_cast<size_t>(index), mask, value, std::move(frames), tag_shift, tag_mask,
              head, tail, program, {}, turnarounds != 0, token, timeline != Py_None ? timeline : nullptr,
-             entry_delay, drawn != 0, arm < 0 ? -1 : static_cast<int64_t>(arm), post_ahead != 0};
+             entry_delay, drawn != 0, arm < 0 ? -1 : static_cast<int64_t>(arm), post_ahead != 0,
+             note < 0 ? -1 : static_cast<int64_t>(note)};
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(conns); ++i) {
     PyObject* c = PyList_GET_ITEM(conns, i);
     Py_INCREF(c);
@@ -916,6 +922,25 @@ PyObject* core_arm(PyObject* obj, PyObject* args) {
   if (self->arms->size() >= kArmsKept) self->arms->pop_front();
   self->arms->emplace_back(static_cast<int64_t>(id), static_cast<uint64_t>(tag));
   Py_RETURN_NONE;
+}
+
+int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now);
+
+// note(id, tag, now) -> bool: the note of a call told the instance of this tag a shape whose
+// starters were added with `note=id`; one of them starts it now (start_on_note).
+PyObject* core_note(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  long long id;
+  unsigned long long tag;
+  double now;
+  if (!PyArg_ParseTuple(args, "LKd", &id, &tag, &now)) return nullptr;
+  if (self->starters == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
+    return nullptr;
+  }
+  const int started = start_on_note(self, static_cast<int64_t>(id), static_cast<uint64_t>(tag), now);
+  if (started < 0) return nullptr;
+  return PyBool_FromLong(started);
 }
 
 PyObject* core_polled(PyObject* obj, PyObject*) {
@@ -960,6 +985,10 @@ PyMethodDef core_methods[] = {
     {"arm", core_arm, METH_VARARGS,
      "arm(id, tag): the instance of this tag may start from a starter added with arm=id; the oldest of a few "
      "hundred arms go first."},
+    {"note", core_note, METH_VARARGS,
+     "note(id, tag, now) -> bool: a call's note told the instance of this tag the shape of the starters added "
+     "with note=id; one of them starts it now, before its frames (False: none may: none of that note, or the "
+     "instance runs already or is Python's)."},
     {"polled", core_polled, METH_NOARGS,
      "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
     {"take_started", core_take_started, METH_NOARGS,
@@ -1643,6 +1672,10 @@ PyObject* book_posted_ahead(PyObject* obj, void*) {
   return PyBool_FromLong(reinterpret_cast<BookObject*>(obj)->posted_ahead);
 }
 
+PyObject* book_on_note(PyObject* obj, void*) {
+  return PyBool_FromLong(reinterpret_cast<BookObject*>(obj)->on_note);
+}
+
 PyObject* book_slot(PyObject* obj, void*) {
   auto* self = reinterpret_cast<BookObject*>(obj);
   return book_ready(self) ? PyLong_FromUnsignedLongLong(self->book->slot()) : nullptr;
@@ -1686,6 +1719,7 @@ PyGetSetDef book_getset[] = {
     {"held", book_held, nullptr, "bytes of the real sends it still holds (0 once it completed or closed)", nullptr},
     {"slot", book_slot, nullptr, "the instance's slot", nullptr},
     {"posted_ahead", book_posted_ahead, nullptr, "started natively after a receive of its was posted ahead", nullptr},
+    {"on_note", book_on_note, nullptr, "started natively as its call's note came, before its frames", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
@@ -1768,9 +1802,10 @@ double unadopted_end(const CoreObject* core) {
   return end;
 }
 
-// Starts a book from `match` and feeds it `events` (its first frames, in order). False: a Python error is set.
-bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>& events, double now, bool ahead) {
-  const gloo::Event& ev = events.front();
+// Starts the book of `slot` from `match` and feeds it `events` (its first frames, in order;
+// none where the call's note starts it). False: a Python error is set.
+bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vector<gloo::Event>& events, double now,
+                bool ahead) {
   const HeldStarter held(match);
   const Starter& st = held.get();
   Py_INCREF(reinterpret_cast<PyObject*>(core));  // the same for the core: Python may drop its last other reference
@@ -1779,7 +1814,7 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     ~CoreRef() { Py_DECREF(o); }
   } core_ref{reinterpret_cast<PyObject*>(core)};
   {
-    const auto tag = (ev.slot >> st.tag_shift) & st.tag_mask;
+    const auto tag = (slot >> st.tag_shift) & st.tag_mask;
     std::shared_ptr<ReleaseClock> clock;
     if (st.timeline != nullptr) {  // the template's timeline, for emulated ranks that enter now (and the what-if's delay)
       // Drawn: the instance's own entry, its draws seeded by its tag, as a Python start makes it.
@@ -1813,7 +1848,7 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     if (b == nullptr) return false;
     PyObject* obj = reinterpret_cast<PyObject*>(b);
     try {
-      b->book = new Book(st.head + std::to_string(tag) + st.tail, ev.slot, std::move(clock));
+      b->book = new Book(st.head + std::to_string(tag) + st.tail, slot, std::move(clock));
       if (st.turnarounds) b->book->time_turnarounds();
       b->conns = new std::vector<PyObject*>();
       b->pairs = new std::vector<PairObject*>();
@@ -1825,6 +1860,7 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     Py_INCREF(reinterpret_cast<PyObject*>(core));
     b->core = core;
     b->posted_ahead = ahead;
+    b->on_note = events.empty();
     Py_INCREF(Py_None);
     b->owner = Py_None;  // until Python adopts it
     bool ok = load_into(b, st.program);
@@ -1850,6 +1886,46 @@ bool start_book(CoreObject* core, const Starter& match, std::vector<gloo::Event>
     }
     return true;
   }
+}
+
+// Whether a book of `slot` runs on one of the starter's pairs already (another real rank's
+// note, or its frames, started it).
+int routed(const Starter& st, uint64_t slot) {
+  for (PyObject* conn : st.conns) {
+    PyObject* pair = PyObject_GetAttrString(conn, "pair");
+    if (pair == nullptr) return -1;
+    bool found = false;
+    if (PyObject_TypeCheck(pair, &PairType)) {
+      for (const Route& r : *reinterpret_cast<PairObject*>(pair)->routes) found = found || r.slot == slot;
+    }
+    Py_DECREF(pair);
+    if (found) return 1;
+  }
+  return 0;
+}
+
+// The note of a call told its instance's shape and tag before any of its frames: the
+// instance starts now, as the real rank's call enters, not when its first frame arrives.
+// The emulated ranks' first notices (their receives, ready) then reach the real rank about
+// when it writes its own, as a real peer's do that enters with it, and its first sends go
+// at once, as between real ranks, rather than a round trip through the controller later.
+// 1: started; 0: no starter of this arm, or the instance runs already or is Python's (its
+// frames came first); -1: a Python error is set.
+int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now) {
+  for (const Starter& st : *core->starters) {
+    if (st.note != note || st.note < 0) continue;
+    const uint64_t slot = st.value | ((tag & st.tag_mask) << st.tag_shift);
+    const int running = routed(st, slot);
+    if (running != 0) return running < 0 ? -1 : 0;
+    const int python = python_has(st, slot);
+    if (python != 0) return python < 0 ? -1 : 0;
+    const bool held = std::any_of(core->pending->begin(), core->pending->end(),
+                                  [&](const Pending& p) { return p.slot == slot; });
+    if (held) return 0;  // its first frames wait for a starter of several: they start it
+    std::vector<gloo::Event> none;
+    return start_book(core, st, slot, none, now, false) ? 1 : -1;
+  }
+  return 0;
 }
 
 // A frame of a slot no book takes, on a pair whose core has starters: 1 if it was taken
@@ -1904,7 +1980,7 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
     if (exact->arm >= 0) core->arms->erase(arm_of(*exact));
     events.push_back(std::move(ev));
     std::move(data.begin(), data.end(), std::back_inserter(events));
-    return start_book(core, *exact, events, now, was_ahead) ? 1 : -1;  // it copies the starter before any Python can run
+    return start_book(core, *exact, events.front().slot, events, now, was_ahead) ? 1 : -1;  // it copies the starter before any Python can run
   }
   if (prefix) {
     if (held != pend.end()) {

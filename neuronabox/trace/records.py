@@ -140,6 +140,7 @@ def instance_line(rec: Record, us) -> dict:
         **({"work": {"message_us": rec.work[0] * 1e6, "reduce_ns_per_byte": rec.work[1] * 1e9}} if rec.work else {}),
         **({"native_start": True} if getattr(rec, "native", False) else {}),
         **({"posted_ahead": True} if getattr(rec, "posted_ahead", False) else {}),
+        **({"started_on_note": True} if getattr(rec, "on_note", False) else {}),
     }
 
 

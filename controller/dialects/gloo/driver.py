@@ -40,6 +40,7 @@ from ...net import listener
 from .wire import SEQ
 
 HANDSHAKE_TIMEOUT_S = 5.0  # a dialer writes its 8-byte sequence number as it connects
+ADOPT_PUT_OFF_MAX = 8  # loop turns in a row that may put adoption off for Python's events (a note)
 
 
 class Poller:
@@ -125,6 +126,7 @@ class GlooDriver:
         self.engine = engine_factory(self)
         self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
         self._adopt: Callable[[], None] | None = getattr(self.engine, "adopt_started", None)
+        self._adopt_put_off = 0  # turns in a row that handled Python's events and left adoption for later
         self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
@@ -258,22 +260,22 @@ class GlooDriver:
             while self.running:
                 behind = self.idle_work is not None and self.idle_pending()
                 frames, python = self.core.wait(self._until(), behind, self.busy_poll_s, self.spin_poll_s)
-                if self._adopt is not None:  # books the core started natively, before the frames no book took
-                    self._adopt()
+                if python:  # first: a call's note starts its instance (observer_link), ahead of its frames
+                    self._python_events()
+                if self._adopt is not None:
+                    # Books the core started natively: before the frames no book took, else
+                    # when the core has nothing more pressing (its busy window over), not
+                    # between a note and the frames of the instance it started: Python's turn
+                    # here (30-40 us a book) would hold them. A few such turns in a row at most.
+                    if frames or not python or self._adopt_put_off >= ADOPT_PUT_OFF_MAX:
+                        self._adopt()
+                        self._adopt_put_off = 0
+                    else:
+                        self._adopt_put_off += 1
                 if behind and not frames and not python:  # nothing ready: the loop's idle turn
                     self.idle_work()
                 for conn, events in frames:
                     self._frames(conn, events)
-                if python:
-                    for fileobj, data, mask in self.sel.select(0):
-                        if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
-                            self._read(data)
-                        elif data is None:
-                            self._accept()
-                        elif data == "wake":
-                            self._drain_wake()
-                        else:
-                            self.extra[fileobj](mask)
                 self._drain_calls()
                 if self._timers:
                     self._run_timers()
@@ -287,6 +289,17 @@ class GlooDriver:
             self.error = exc
         finally:
             self.running = False
+
+    def _python_events(self) -> None:
+        for fileobj, data, mask in self.sel.select(0):
+            if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
+                self._read(data)
+            elif data is None:
+                self._accept()
+            elif data == "wake":
+                self._drain_wake()
+            else:
+                self.extra[fileobj](mask)
 
     def _drain_wake(self) -> None:
         try:
