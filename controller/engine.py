@@ -81,8 +81,7 @@ class Instance:
         self.work: tuple[float, float] | None = None  # the measured local work its timeline charged (the trace's)
         self.book: Book | None = None  # the native book runs the instance once its shape is known
         self.program: Program | None = None  # the recorded program its book loaded (the shape's)
-        self.native = self.posted_ahead = False  # its book started natively (adopt); after a receive posted ahead
-        self.on_note = False  # ...as its call's note came, before its frames
+        self.native = self.posted_ahead = self.on_note = False  # book started natively; posted ahead; on the note
         self.ended_at: float | None = None  # when its book completed, if before the instance was made (adopt)
         self.pairs: dict[Pair, int] = {}  # (real, emulated) -> the pair's index in the book
         self._keys: list[Pair] = []  # the same, by index (for the book's hooks)
@@ -377,7 +376,7 @@ class Engine:
         native_timers: bool = False,
         defer_records: bool = False,
         native_start: bool = False,
-        note_start: bool = True,
+        note_start: bool = False,
     ) -> None:
         """Each instance runs in a native book once its shape is known (controller/book.py).
         `native_timers`: the books' release timers wait in the native core, which the driver

@@ -166,7 +166,7 @@ class Controller:
             native_timers=True,
             defer_records=True,
             native_start=os.environ.get("NEURONABOX_NATIVE_START", "1") != "0",  # 0: every book from Python (a check)
-            note_start=os.environ.get("NEURONABOX_NOTE_START", "1") != "0",  # 0: a told ring starts at its first frame
+            note_start=os.environ.get("NEURONABOX_NOTE_START") == "1",  # a noted ring starts as its note comes
         )
 
     def _stepped(self, rank: int, t: float) -> None:

@@ -10,12 +10,15 @@ loss, a tiny or a large allreduce outside DDP) leaves an armed starter: it start
 an instance whose own call noted the same size (`Starters.arm`, as the note comes, ahead
 of the call's frames), never one whose first frames merely match, since an unnoted call
 (DDP's reducer, a functional collective) with the same first segment may be another size.
-Such a call's note starts its instance at once where a starter of the ring's geometry is
-in (`Core.note`, as the note comes): the emulated ranks enter with the real rank's call,
-not a round trip after its first frame, so their first receives may be posted before its
-first sends go, as a real peer's are when it enters with it. The note's Python turn (some
-40 us on a 2-core VM) bounds the lead; the loop leaves adoption for after the frames of the
-instance a note started (gloo/driver.py). An allgather's block takes two notices: its starter is kept only for a program of one
+With NEURONABOX_NOTE_START=1 such a call's note starts its instance at once where a
+starter of the ring's geometry is in (`Core.note`): the emulated ranks enter with the real
+rank's call, not a round trip after its first frame. Not the default: nothing checks the
+note's tag before the frames come (a point-to-point call past ProcessGroup's methods shifts
+every tag after it, and a wrong ring would start, where an arm's frame match finds the
+note unfit), and the note's Python turn (some 40 us on a 2-core VM) leaves no lead to gain
+(docs/fidelity.md, "The emulated peer never leads"). The loop leaves adoption for after
+the frames of a noted instance either way (gloo/driver.py, `Adoption`).
+An allgather's block takes two notices: its starter is kept only for a program of one
 pair, where the core holds the first notice until the second matches (or hands both to
 Python, in order, when it does not); meanwhile the receive of chunk 0, which the first
 notice alone tells, is posted ahead (`posts_ahead`), and the data it lets come waits with

@@ -1,7 +1,8 @@
 """Benchmark worker: times collectives on the real rank.
 
 Each repetition starts after a barrier, so every rank enters together (after `--work-ms`
-of compute each, if given); the first real rank prints one line, RESULT {kind: {median_s,
+of compute each, if given; `--lag-us` more for every rank but the first real one); the first
+real rank prints one line, RESULT {kind: {median_s,
 min_s, mean_s}}. `--rusage` adds what the rank's process spent per timed call (getrusage
 around it, all its threads): the median CPU (cpu_s), voluntary context switches (waits,
 vcsw) and page faults (minflt), and the calls' deciles (deciles_s).
@@ -26,8 +27,11 @@ p.add_argument("--reps", type=int, default=10)
 p.add_argument("--announce", action="store_true", help="print each timed repetition as it ends")
 p.add_argument("--work-ms", type=float, default=0.0, help="each rank computes this long before each collective")
 p.add_argument("--rusage", action="store_true", help="also the process's CPU, waits and faults per call")
+p.add_argument("--lag-us", type=float, default=0.0, help="every rank but the first real one enters each call this late")
 args = p.parse_args()
 dist.init_process_group("gloo")
+real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
+lags = args.lag_us > 0 and dist.get_rank() != real[0]
 world = dist.get_world_size()
 t = torch.ones(max(1, args.bytes // 4))
 block = torch.ones(max(1, args.bytes // 4 // world))
@@ -47,6 +51,10 @@ for kind in args.kinds.split(","):
             until = time.perf_counter() + args.work_ms / 1e3
             while time.perf_counter() < until:
                 pass
+        if lags:  # a peer that leaves the barrier later (busy, as a rank still in its own work)
+            until = time.perf_counter() + args.lag_us / 1e6
+            while time.perf_counter() < until:
+                pass
         r0 = resource.getrusage(resource.RUSAGE_SELF) if args.rusage else None  # outside the timed call
         t0 = time.perf_counter()
         ops[kind]()
@@ -63,7 +71,6 @@ for kind in args.kinds.split(","):
         for k, name in enumerate(("cpu_s", "vcsw", "minflt")):
             out[kind][name] = statistics.median(u[k] for u in used)
         out[kind]["deciles_s"] = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times
-real = [int(r) for r in os.environ.get("NEURONABOX_REAL_RANKS", "0").split(",")]
 if dist.get_rank() == real[0]:
     print("RESULT " + json.dumps(out), flush=True)
 dist.barrier()

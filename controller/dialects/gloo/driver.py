@@ -80,6 +80,24 @@ class Poller:
         self._ep.close()
 
 
+class Adoption:
+    """When the loop adopts the books its core started natively (engine.adopt_started):
+    before the frames no book took, else once the core has nothing more pressing (its busy
+    window over), not in a turn that served Python's events alone, as a call's note that
+    started an instance: Python's turn there (30-40 us a book) would hold its frames. At
+    most ADOPT_PUT_OFF_MAX such turns in a row."""
+
+    def __init__(self, adopt: Callable[[], None]) -> None:
+        self.adopt, self.put_off = adopt, 0
+
+    def turn(self, frames: bool, python: bool) -> None:
+        if frames or not python or self.put_off >= ADOPT_PUT_OFF_MAX:
+            self.adopt()
+            self.put_off = 0
+        else:
+            self.put_off += 1
+
+
 class _Sock:
     __slots__ = ("sock", "fd", "conn", "seq_needed", "inbuf", "peer", "seq")
 
@@ -125,8 +143,8 @@ class GlooDriver:
         self.extra: dict[object, Callable[[int], None]] = {}  # fileobj -> handler(mask)
         self.engine = engine_factory(self)
         self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
-        self._adopt: Callable[[], None] | None = getattr(self.engine, "adopt_started", None)
-        self._adopt_put_off = 0  # turns in a row that handled Python's events and left adoption for later
+        adopt = getattr(self.engine, "adopt_started", None)
+        self._adoption = Adoption(adopt) if adopt is not None else None
         self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
@@ -261,17 +279,17 @@ class GlooDriver:
                 behind = self.idle_work is not None and self.idle_pending()
                 frames, python = self.core.wait(self._until(), behind, self.busy_poll_s, self.spin_poll_s)
                 if python:  # first: a call's note starts its instance (observer_link), ahead of its frames
-                    self._python_events()
-                if self._adopt is not None:
-                    # Books the core started natively: before the frames no book took, else
-                    # when the core has nothing more pressing (its busy window over), not
-                    # between a note and the frames of the instance it started: Python's turn
-                    # here (30-40 us a book) would hold them. A few such turns in a row at most.
-                    if frames or not python or self._adopt_put_off >= ADOPT_PUT_OFF_MAX:
-                        self._adopt()
-                        self._adopt_put_off = 0
-                    else:
-                        self._adopt_put_off += 1
+                    for fileobj, data, mask in self.sel.select(0):
+                        if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
+                            self._read(data)
+                        elif data is None:
+                            self._accept()
+                        elif data == "wake":
+                            self._drain_wake()
+                        else:
+                            self.extra[fileobj](mask)
+                if self._adoption is not None:
+                    self._adoption.turn(bool(frames), python)
                 if behind and not frames and not python:  # nothing ready: the loop's idle turn
                     self.idle_work()
                 for conn, events in frames:
@@ -289,17 +307,6 @@ class GlooDriver:
             self.error = exc
         finally:
             self.running = False
-
-    def _python_events(self) -> None:
-        for fileobj, data, mask in self.sel.select(0):
-            if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
-                self._read(data)
-            elif data is None:
-                self._accept()
-            elif data == "wake":
-                self._drain_wake()
-            else:
-                self.extra[fileobj](mask)
 
     def _drain_wake(self) -> None:
         try:
