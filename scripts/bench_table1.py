@@ -149,7 +149,7 @@ def emulated(nbytes: int, placement: Path, off: dict[str, str] | None = None, re
 
 
 def label(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
 
 
 def rotated(order: list[tuple[str, Callable[[], dict]]], repeat: int) -> dict[str, list[dict]]:

@@ -14,6 +14,7 @@ import socket
 import time
 
 from neuronabox.controller import _native
+from neuronabox.controller.dialects.gloo.driver import ADOPT_PUT_OFF_MAX, Adoption
 from neuronabox.controller.dialects.gloo.protocol import GlooPair
 from neuronabox.controller.groups import Conn, Group
 
@@ -112,3 +113,23 @@ def test_python_goes_first_when_its_events_come_with_pair_events():
         for s in (note, note_peer, mine):
             s.close()
         py.close()
+
+
+def test_the_loop_adopts_started_books_before_frames_and_puts_it_off_only_for_pythons_events():
+    """A turn that served Python's events alone (a call's note, which may start or arm the
+    next instance) leaves the natively started books for a later turn, at most
+    ADOPT_PUT_OFF_MAX in a row; frames for Python, or a turn with nothing ready (the core
+    returns then once its busy window closed), adopt them first."""
+    adopted: list[int] = []
+    adoption = Adoption(lambda: adopted.append(1))
+    adoption.turn(frames=False, python=True)
+    assert not adopted  # the note's frames are next: no Python turn before them
+    adoption.turn(frames=True, python=True)
+    assert len(adopted) == 1  # the frames no book took may be a started book's
+    adoption.turn(frames=False, python=False)
+    assert len(adopted) == 2  # the idle turn
+    for _ in range(ADOPT_PUT_OFF_MAX):
+        adoption.turn(frames=False, python=True)
+    assert len(adopted) == 2
+    adoption.turn(frames=False, python=True)
+    assert len(adopted) == 3  # a stream of notes holds them back a few turns at most
