@@ -31,8 +31,9 @@ HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "collective_loop.py")
 
 
-def worker(kinds: str, nbytes: int, calls: int) -> list[str]:
-    return [WORKER, "--kinds", kinds, "--bytes", str(nbytes), "--reps", str(calls), "--rusage"]
+def worker(kinds: str, nbytes: int, calls: int, lag_us: float = 0.0) -> list[str]:
+    """collective_loop.py with --rusage; `lag_us`: every rank but the first real one enters each call this late."""
+    return [WORKER, "--kinds", kinds, "--bytes", str(nbytes), "--reps", str(calls), "--rusage", "--lag-us", str(lag_us)]
 
 
 def row(kind: str, nbytes: int, mode: str, runs: list[dict]) -> str:

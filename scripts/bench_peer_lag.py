@@ -11,46 +11,21 @@ the call noted, as the note comes, after the note's Python turn. So the emulated
 never leads. This measures what that costs: all-real runs in which rank 1 enters each
 call `--lags` microseconds after rank 0 (busy, after the barrier both leave), against the
 emulated run (rank 1 emulated, zero-delay model), Table 1's placements, every run
-interleaved `--repeat` times. Rank 0's best call, its deciles and its CPU a call
-(scripts/collective_loop.py --rusage): the lag whose all-real row matches the emulated
+interleaved `--repeat` times. Rank 0's calls in bench_call_cost.py's columns (the best,
+the deciles, the CPU and waits a call): the lag whose all-real row matches the emulated
 one is the lead the emulator gives away.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
-from bench_table1 import all_real_output, emulated_output, label, parse_size, rotated
-
-HERE = Path(__file__).resolve().parent
-WORKER = str(HERE / "collective_loop.py")
-
-
-def worker(kind: str, nbytes: int, calls: int, lag_us: float = 0.0) -> list[str]:
-    return [WORKER, "--kinds", kind, "--bytes", str(nbytes), "--reps", str(calls), "--rusage", "--lag-us", str(lag_us)]
-
-
-def all_real_run(w: list[str], realtime: bool) -> Callable[[], dict]:
-    return lambda: result(all_real_output(w, realtime))
-
-
-def emulated_run(w: list[str], placement: Path, realtime: bool) -> Callable[[], dict]:
-    return lambda: result(emulated_output(w, placement, realtime=realtime))
-
-
-def row(kind: str, nbytes: int, run: str, got: list[dict]) -> str:
-    def med(key: str, scale: float = 1e3) -> float:
-        return statistics.median(g[key] for g in got) * scale
-
-    p10 = statistics.median(g["deciles_s"][0] for g in got) * 1e3
-    return (f"| {kind} | {label(nbytes)} | {run} | {med('min_s'):.3f} | {p10:.3f} | {med('median_s'):.3f} "
-            f"| {med('cpu_s'):.3f} | {med('vcsw', 1):.1f} |")  # fmt: skip
+from bench_call_cost import row, worker
+from bench_table1 import all_real_output, emulated_output, parse_size, rotated
 
 
 def main() -> None:
@@ -66,18 +41,22 @@ def main() -> None:
     if args.repeat < 1 or args.calls < 2 or any(x < 0 for x in lags):
         sys.exit("--repeat must be at least 1, --calls at least 2, and every lag at least 0")
     rt = args.realtime
-    print("| collective | size | run | best ms | p10 ms | median ms | CPU ms a call | waits a call |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| collective | size | run | best ms | p10 / p50 / p90 ms | median ms | CPU ms a call | median less CPU "
+          "| waits a call | faults a call |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
-        for kind in args.kinds.split(","):
-            for size in args.sizes.split(","):
-                n = parse_size(size)
-                order = [(f"all-real, peer +{lag:g} us", all_real_run(worker(kind, n, args.calls, lag), rt))
-                         for lag in lags]  # fmt: skip
-                order.append(("emulated", emulated_run(worker(kind, n, args.calls), placement, rt)))
-                runs = rotated(order, args.repeat)
+        for size in args.sizes.split(","):
+            n = parse_size(size)
+            late = {lag: worker(args.kinds, n, args.calls, lag) for lag in lags}
+            order = [
+                (f"all-real, peer +{lag:g} us", lambda w=w: result(all_real_output(w, rt))) for lag, w in late.items()
+            ]
+            w = worker(args.kinds, n, args.calls)
+            order.append(("emulated", lambda w=w: result(emulated_output(w, placement, realtime=rt))))
+            runs = rotated(order, args.repeat)
+            for kind in args.kinds.split(","):
                 for run, got in runs.items():
                     print(row(kind, n, run, [g[kind] for g in got]), flush=True)
 

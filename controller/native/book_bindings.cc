@@ -1778,15 +1778,21 @@ bool handed(const PairObject* po, uint64_t slot) {
 // Whether a frame of `slot` went to Python on a pair of `st`'s program: 1 yes, 0 no, -1
 // with a Python error set. The loop serves every ready pair before Python's turn, so one
 // pair's notice may wait for Python while another's matches a starter in the same batch.
-int python_has(const Starter& st, uint64_t slot) {
+// 1 if `holds(pair)` for one of the starter's native pairs, 0 if for none, -1 with a Python error set.
+template <class F>
+int any_pair(const Starter& st, F holds) {
   for (PyObject* conn : st.conns) {
     PyObject* pair = PyObject_GetAttrString(conn, "pair");
     if (pair == nullptr) return -1;
-    const bool mine = PyObject_TypeCheck(pair, &PairType) && handed(reinterpret_cast<PairObject*>(pair), slot);
+    const bool found = PyObject_TypeCheck(pair, &PairType) && holds(reinterpret_cast<PairObject*>(pair));
     Py_DECREF(pair);
-    if (mine) return 1;
+    if (found) return 1;
   }
   return 0;
+}
+
+int python_has(const Starter& st, uint64_t slot) {
+  return any_pair(st, [slot](PairObject* po) { return handed(po, slot); });
 }
 
 // What a drawn start tells the skew of the books started natively and not adopted yet
@@ -1891,17 +1897,9 @@ bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vect
 // Whether a book of `slot` runs on one of the starter's pairs already (another real rank's
 // note, or its frames, started it).
 int routed(const Starter& st, uint64_t slot) {
-  for (PyObject* conn : st.conns) {
-    PyObject* pair = PyObject_GetAttrString(conn, "pair");
-    if (pair == nullptr) return -1;
-    bool found = false;
-    if (PyObject_TypeCheck(pair, &PairType)) {
-      for (const Route& r : *reinterpret_cast<PairObject*>(pair)->routes) found = found || r.slot == slot;
-    }
-    Py_DECREF(pair);
-    if (found) return 1;
-  }
-  return 0;
+  return any_pair(st, [slot](PairObject* po) {
+    return std::any_of(po->routes->begin(), po->routes->end(), [slot](const Route& r) { return r.slot == slot; });
+  });
 }
 
 // The note of a call told its instance's shape and tag before any of its frames: the
@@ -1909,7 +1907,7 @@ int routed(const Starter& st, uint64_t slot) {
 // The emulated ranks' first notices (their receives, ready) then reach the real rank about
 // when it writes its own, as a real peer's do that enters with it, and its first sends go
 // at once, as between real ranks, rather than a round trip through the controller later.
-// 1: started; 0: no starter of this arm, or the instance runs already or is Python's (its
+// 1: started; 0: no starter of this note, or the instance runs already or is Python's (its
 // frames came first); -1: a Python error is set.
 int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now) {
   for (const Starter& st : *core->starters) {
