@@ -36,6 +36,12 @@ def worker(kinds: str, nbytes: int, calls: int, lag_us: float = 0.0) -> list[str
     return [WORKER, "--kinds", kinds, "--bytes", str(nbytes), "--reps", str(calls), "--rusage", "--lag-us", str(lag_us)]
 
 
+HEADER = (  # the columns of `row`
+    "| collective | size | run | best ms | p10 / p50 / p90 ms | median ms | CPU ms a call | median less CPU "
+    "| waits a call | faults a call |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
 def row(kind: str, nbytes: int, mode: str, runs: list[dict]) -> str:
     """One line of the table: medians over the runs of each run's figures."""
 
@@ -65,9 +71,7 @@ def main() -> None:
     use_huge_pages(args.huge_pages)
     kinds = args.kinds.split(",")
     rt = args.realtime
-    print("| collective | size | run | best ms | p10 / p50 / p90 ms | median ms | CPU ms a call | median less CPU "
-          "| waits a call | faults a call |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(HEADER)
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)

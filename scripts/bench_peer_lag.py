@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
-from bench_call_cost import row, worker
+from bench_call_cost import HEADER, row, worker
 from bench_table1 import all_real_output, emulated_output, parse_size, rotated
 
 
@@ -41,9 +41,7 @@ def main() -> None:
     if args.repeat < 1 or args.calls < 2 or any(x < 0 for x in lags):
         sys.exit("--repeat must be at least 1, --calls at least 2, and every lag at least 0")
     rt = args.realtime
-    print("| collective | size | run | best ms | p10 / p50 / p90 ms | median ms | CPU ms a call | median less CPU "
-          "| waits a call | faults a call |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(HEADER)
     with tempfile.TemporaryDirectory() as d:
         placement = Path(d) / "placement.json"
         write_pinned_placement(placement)
