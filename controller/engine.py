@@ -411,6 +411,8 @@ class Engine:
         self.p2p = PointToPoint(emit, self.conn_of, self.publish, timing, call_at, clock, self.loop_cpu)
         self.core = Core(done=Instance.book_done, emit=emit, call_at=None if native_timers else self._book_timer)
         self.starters = Starters(self.core, dialect, self.conn_of, clock if note_start else None)  # starts.py
+        self.core.note_starts(note_start)  # and as the core reads a note of a known shape (its note links)
+        self.notes: Callable[[], None] = lambda: None  # the notes the core read, to the observer link (main.py)
 
     def _book_timer(self, when: float, book: Book, pair: int) -> None:
         self.call_at(when, lambda: book.due(pair, self.clock()))

@@ -131,6 +131,7 @@ class Controller:
         driver.accept_router = self.membership.may_dial_in
         driver.log = self.log
         driver.periodic = self._periodic
+        engine.notes = self.observers.drain_notes
         driver.idle_work = engine.publish_next
         driver.idle_pending = lambda: bool(engine.finished)
         driver.on_open = self.membership.on_pair_open
@@ -166,7 +167,7 @@ class Controller:
             native_timers=True,
             defer_records=True,
             native_start=os.environ.get("NEURONABOX_NATIVE_START", "1") != "0",  # 0: every book from Python (a check)
-            note_start=os.environ.get("NEURONABOX_NOTE_START") == "1",  # a noted ring starts as its note comes
+            note_start=os.environ.get("NEURONABOX_NOTE_START", "1") != "0",  # a noted ring starts as its note comes
         )
 
     def _stepped(self, rank: int, t: float) -> None:

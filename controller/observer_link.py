@@ -68,6 +68,8 @@ class ObserverLink:
         self.hub.on_loaded = on_loaded
         self.hub.on_held = on_held
         self.hub.on_meta = self._on_noted
+        self.hub.on_note_link = self._on_note_link
+        self.hub.on_note_link_closed = lambda sock: self.engine.core.unwatch_notes(sock.fileno())
         self._questions: dict[int, Question] = {}
         self._qid = 0
         self._noted: dict[tuple[str, int], tuple[str, int, str]] = {}  # (group, tag) -> (op, numel, dtype)
@@ -81,6 +83,7 @@ class ObserverLink:
         if its call told them and they fit the wire (`wire`: the longest segment its frames
         carried), else asked of the observer, which checks its own note the same way."""
         self._worlds[group] = world
+        self.drain_notes()  # a note the core read, and Python not yet
         note = self._noted.pop((group, split_slot(slot)[1]), None)
         if note is not None and note[0] == kind:
             numel, dtype = note[1], note[2]
@@ -128,17 +131,32 @@ class ObserverLink:
         else:
             self.engine.on_meta(group, slot, numel, ELEM_SIZES[dtype], dtype)
 
-    def _on_noted(self, group: str, tag: int, kind: str, numel: int, dtype: str) -> None:
-        """A real rank's call told its ring's size as it entered (neuronabox/observer/sizes.py),
-        before its first frame: kept for the instance's question, and arming a native start
-        of that shape (controller/starts.py). If the frame came first, the question is out
-        already, and the observer answers it from the same note."""
+    def _on_note_link(self, rank: int, sock: socket.socket, early: bytes) -> None:
+        """Real rank `rank`'s observer opened its note link: the core's loop reads it from
+        now on (`Core.watch_notes`), and hands its notes over at Python's turns (`drain_notes`)."""
+        self.engine.core.watch_notes(sock.fileno(), rank, early)
+
+    def drain_notes(self) -> None:
+        """The notes the core read on the note links since the last turn: what it did not do
+        with them itself (a shape it was not told of) is done here (the driver's turn: before
+        any frame where one was unknown, else at its idle or adoption turn)."""
+        for rank, group, tag, kind, numel, dtype, known in self.engine.core.take_notes():
+            self._on_noted(rank, group, tag, kind, numel, dtype, known)
+
+    def _on_noted(
+        self, rank: int, group: str, tag: int, kind: str, numel: int, dtype: str, known: bool = False
+    ) -> None:
+        """Real rank `rank`'s call told its ring's size as it entered (neuronabox/observer/sizes.py),
+        before its first frame: kept for the instance's question, and starting or arming a
+        native start of that shape (controller/starts.py), unless the core did (`known`).
+        If the frame came first, the question is out already, and the observer answers it
+        from the same note."""
         if dtype not in ELEM_SIZES:
             return  # the question, when it comes, is answered from the flight recorder
-        if kind == "all_reduce":
+        if kind == "all_reduce" and not known:
             if self._collides(group, numel, dtype):
                 self.engine.clear_starters()
-            self.engine.starters.arm(group, tag, numel, dtype, ELEM_SIZES[dtype])  # it may start natively
+            self.engine.starters.arm(group, tag, numel, dtype, ELEM_SIZES[dtype], rank, kind)  # it may start natively
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]

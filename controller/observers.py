@@ -80,7 +80,11 @@ class ObserverHub:
         self.on_held: Callable[[int, float, float, float, str], None] | None = None
         self.on_dtypes: Callable[[list[list]], None] | None = None  # [[group, tag, dtype], ...]
         self.on_reply: Callable[[dict], None] | None = None
-        self.on_meta: Callable[[str, int, str, int, str], None] | None = None  # a ring's size, as its call entered
+        self.on_meta: Callable[[int, str, int, str, int, str], None] | None = None  # a ring's size, as its call entered
+        # (real rank, its socket, bytes after its hello): its observer's note link, which the core reads
+        self.on_note_link: Callable[[int, socket.socket, bytes], None] | None = None
+        self.on_note_link_closed: Callable[[socket.socket], None] | None = None
+        self.note_links: dict[int, socket.socket] = {}
         self.on_buckets: Callable[[str, list[tuple[int, str]]], None] | None = None  # a DDP model's buckets
         self.on_lost: Callable[[int], None] | None = None
         self.on_group: Callable[[str, list[int]], None] | None = None
@@ -131,10 +135,13 @@ class ObserverHub:
             end = buf.rindex(b"\n", seen)
             lines = buf[:end].split(b"\n")  # json takes bytearrays
             del buf[: end + 1]
-            for line in lines:
+            for i, line in enumerate(lines):
                 if s in self._strangers:
                     if not self._hello(s, line):
                         return  # dropped
+                    if s not in self._rank_of:  # a note link: the core reads the rest
+                        self._to_core(s, b"".join(bytes(x) + b"\n" for x in lines[i + 1 :]) + bytes(buf))
+                        return
                 else:
                     self._handle(s, line)
             limit = self._limit(s)  # the hello raised it
@@ -164,9 +171,33 @@ class ObserverHub:
             self._drop(s, "its first line is not the run's hello")
             return False
         del self._strangers[s]
+        if msg.get("notes") == 1:  # the rank's note link (neuronabox/observer/agent.py)
+            old = self.note_links.pop(rank, None)
+            if old is not None:
+                self._close_note_link(old)
+            self.note_links[rank] = s
+            return True
         self.by_rank[rank] = s
         self._rank_of[s] = rank
         return True
+
+    def _to_core(self, s: socket.socket, early: bytes) -> None:
+        """A note link, past its hello, leaves Python's loop for the core's."""
+        self._unregister(s)
+        self._bufs.pop(s, None)
+        rank = next(r for r, link in self.note_links.items() if link is s)
+        if self.on_note_link is None:
+            self._close_note_link(s)
+            return
+        self.on_note_link(rank, s, early)
+
+    def _close_note_link(self, s: socket.socket) -> None:
+        for rank, link in list(self.note_links.items()):
+            if link is s:
+                del self.note_links[rank]
+        if self.on_note_link_closed is not None and s.fileno() >= 0:
+            self.on_note_link_closed(s)
+        s.close()
 
     def _handle(self, s: socket.socket, line: bytearray) -> None:
         rank = self._rank_of[s]
@@ -213,7 +244,7 @@ class ObserverHub:
                 self.on_buckets(msg["buckets"], [tuple(b) for b in msg["sizes"]])
         elif key == "meta":
             if self.on_meta:
-                self.on_meta(msg["meta"], msg["tag"], msg["kind"], msg["numel"], msg["dtype"])
+                self.on_meta(rank, msg["meta"], msg["tag"], msg["kind"], msg["numel"], msg["dtype"])
         elif key == "dtypes":
             if not all(isinstance(d, list) and list(map(type, d)) == [str, int, str] for d in msg["dtypes"]):
                 self._malformed(rank, key, "dtypes", msg)
@@ -246,6 +277,8 @@ class ObserverHub:
         r = self._rank_of.pop(s, None)
         if r is not None and self.by_rank.get(r) is s:
             del self.by_rank[r]
+            if (link := self.note_links.get(r)) is not None:  # its note link goes with it
+                self._close_note_link(link)
         s.close()
         if r is not None and self.on_lost:
             self.on_lost(r)
@@ -271,5 +304,7 @@ class ObserverHub:
     def close(self) -> None:
         for s in list(self._bufs):
             self._close(s)
+        for s in list(self.note_links.values()):
+            self._close_note_link(s)
         self._unregister(self.sock)
         self.sock.close()

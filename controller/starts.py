@@ -10,14 +10,16 @@ loss, a tiny or a large allreduce outside DDP) leaves an armed starter: it start
 an instance whose own call noted the same size (`Starters.arm`, as the note comes, ahead
 of the call's frames), never one whose first frames merely match, since an unnoted call
 (DDP's reducer, a functional collective) with the same first segment may be another size.
-With NEURONABOX_NOTE_START=1 such a call's note starts its instance at once where a
-starter of the ring's geometry is in (`Core.note`): the emulated ranks enter with the real
-rank's call, not a round trip after its first frame. Not the default: nothing checks the
-note's tag before the frames come (a point-to-point call past ProcessGroup's methods shifts
-every tag after it, and a wrong ring would start, where an arm's frame match finds the
-note unfit), and the note's Python turn (some 40 us on a 2-core VM) leaves no lead to gain
-(docs/fidelity.md, "The emulated peer never leads"). The loop leaves adoption for after
-the frames of a noted instance either way (gloo/driver.py, `Adoption`).
+Such a call's note starts its instance at once where a starter of the ring's geometry is
+in (`Core.note`; NEURONABOX_NOTE_START=0: not): the emulated ranks enter with the real
+rank's call, not a round trip after its first frame. Only if the note's tag is the one
+after the latest collective tag in that real rank's frames on the group: a point-to-point
+call past ProcessGroup's methods shifts every note's tag after it, and a wrong ring would
+start, where an arm's frame match finds the note unfit. The notes come on a link of their
+own, which the core reads (`Core.watch_notes`): a shape Python has seen noted once
+(`Core.know_note`) starts or is armed there with no Python turn before the frames
+(docs/fidelity.md, "A note the core reads"). The loop leaves adoption for after the
+frames of a noted instance either way (gloo/driver.py, `Adoption`).
 An allgather's block takes two notices: its starter is kept only for a program of one
 pair, where the core holds the first notice until the second matches (or hands both to
 Python, in order, when it does not); meanwhile the receive of chunk 0, which the first
@@ -191,21 +193,27 @@ class Starters:
         self.keys.add(key)
         self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)
 
-    def arm(self, group: str, tag: int, numel: int, dtype: str, elem: int) -> None:
-        """A call of `group` noted its ring's size as it entered (before its first frame).
-        With the clock, a ring of that geometry whose starter is in starts now: its emulated
-        ranks enter with the real rank's call, so their first receives are posted about when
-        its first sends go, as a real peer's are that enters with it, not a round trip
-        through the controller after them. Else the instance of `tag` may start from a
-        starter of that told shape at its first frame. A frame alone never starts a told
-        shape: an unnoted call with the same first frames (a functional collective, DDP's
-        unused-parameter map) may be of another size."""
+    def arm(self, group: str, tag: int, numel: int, dtype: str, elem: int, rank: int, kind: str) -> None:
+        """Real rank `rank`'s call of `group` noted its ring's size as it entered (before its
+        first frame). With the clock, a ring of that geometry whose starter is in starts now,
+        if the note's tag is the one after the rank's latest collective's on the wire
+        (`Core.note`): its emulated ranks enter with the real rank's call, so their first
+        receives are posted about when its first sends go, as a real peer's are that enters
+        with it, not a round trip through the controller after them. Else the instance of
+        `tag` may start from a starter of that told shape at its first frame. A frame alone
+        never starts a told shape: an unnoted call with the same first frames (a functional
+        collective, DDP's unused-parameter map) may be of another size. The core is told
+        what this shape's notes start or arm (`Core.know_note`), and does it itself for the
+        next such note it reads, with no Python turn before the call's frames."""
         world = self.worlds.get(group)
-        if self.clock is not None and world is not None:
+        note = None
+        if world is not None:
             note = self.note_ids.get(ring_key(group, RingGeometry.for_tensor(world, numel * elem, elem)))
-            if note is not None and self.core.note(note, tag, self.clock()):
-                return
         arm = self.arm_ids.get((group, numel, dtype))
+        self.core.know_note(group, kind, numel, dtype, -1 if note is None or self.clock is None else note,
+                            -1 if arm is None else arm)  # fmt: skip
+        if self.clock is not None and note is not None and self.core.note(note, tag, self.clock(), group, rank):
+            return
         if arm is not None:
             self.core.arm(arm, tag)
 

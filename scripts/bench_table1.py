@@ -15,9 +15,8 @@ Each reference flag adds a run to the rotation, the emulated side with one part 
 rather than poll on its core of its own, and --recorder-sizes has the controller ask the
 real rank for every ring size the wire leaves open (from 4 MiB here), answered from a dump
 of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NOTES=0), and
---note-starts, the other way, starts a ring whose size the call's note told as the note comes
-rather than at its first frame (NEURONABOX_NOTE_START=1: not the default, docs/fidelity.md,
-"The emulated peer never leads").
+--frame-starts starts a ring whose size the call's note told at its first frame rather than
+as the note comes (NEURONABOX_NOTE_START=0; docs/fidelity.md, "A note the core reads").
 --realtime runs every real rank of both sides in the real-time class (SCHED_RR 1, as
 `neuronabox torchrun --realtime` does): this VM's tick stalls then leave the medians too.
 --noise-floor adds a second all-real run to the rotation, compared with the first as the
@@ -27,7 +26,7 @@ launches"), so a cell whose floor is several percent cannot resolve a smaller ov
 --huge-pages transparent|reserved runs every process of both sides with malloc on 2 MiB
 pages, as `validate --huge-pages` does (reserved: from the hugetlb pool, vm.nr_hugepages).
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes] [--note-starts] [--realtime] [--noise-floor] [--huge-pages transparent|reserved]
+       [--recorder-sizes] [--frame-starts] [--realtime] [--noise-floor] [--huge-pages transparent|reserved]
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ REFERENCES = {  # flag -> (column, the environment that turns its part off, or o
     "python_starts": ("Python starts", {"NEURONABOX_NATIVE_START": "0"}),
     "sleeping_loop": ("sleeping loop", {"NEURONABOX_BUSY_POLL": "0"}),
     "recorder_sizes": ("sizes asked of the recorder", {"NEURONABOX_SIZE_NOTES": "0"}),
-    "note_starts": ("noted rings on their note", {"NEURONABOX_NOTE_START": "1"}),
+    "frame_starts": ("noted rings at their first frame", {"NEURONABOX_NOTE_START": "0"}),
 }
 
 
@@ -182,7 +181,9 @@ def main() -> None:
     ap.add_argument(
         "--recorder-sizes", action="store_true", help="also run with open ring sizes asked of the flight recorder"
     )
-    ap.add_argument("--note-starts", action="store_true", help="also run with noted rings started on their note")
+    ap.add_argument(
+        "--frame-starts", action="store_true", help="also run with noted rings started at their first frame"
+    )
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     ap.add_argument("--huge-pages", choices=sorted(MODES), help="both sides on 2 MiB pages (validate's)")

@@ -121,9 +121,11 @@ def test_the_loop_adopts_started_books_before_frames_and_puts_it_off_only_for_py
     ADOPT_PUT_OFF_MAX in a row; frames for Python, or a turn with nothing ready (the core
     returns then once its busy window closed), adopt them first."""
     adopted: list[int] = []
-    adoption = Adoption(lambda: adopted.append(1))
+    noted: list[int] = []
+    adoption = Adoption(lambda: adopted.append(1), lambda: noted.append(1))
     adoption.turn(frames=False, python=True)
     assert not adopted  # the note's frames are next: no Python turn before them
+    assert noted == [1]  # a note the core could not act on is Python's to arm before them
     adoption.turn(frames=True, python=True)
     assert len(adopted) == 1  # the frames no book took may be a started book's
     adoption.turn(frames=False, python=False)

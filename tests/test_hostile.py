@@ -210,6 +210,28 @@ def test_an_observer_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_pat
     assert "KeyError" not in errs[-1]
 
 
+def test_a_note_link_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_path):
+    """An authenticated note link (the line the core reads itself) sending a line that is
+    no note ends the run with one clear line naming the rank."""
+    go_on = tmp_path / "done"
+    live = Live(
+        "torchrun", "--nnodes", "2", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on),
+        "--sizes", "1024", "--dtypes", "float32",
+    )  # fmt: skip
+    try:
+        live.wait_line(r"iteration 0 done")
+        info = ready_info(controller_of(live))
+        hello = {"hello": 1, "rank": 0, "pid": 1, "secret": info["observer_secret"], "notes": 1}
+        with dial(host_port(info["observer"]), json.dumps(hello).encode() + b"\n0\tseven\tall_reduce\t7\tFloat\n"):
+            live.finish(timeout=120)
+    finally:
+        go_on.touch()
+        live.stop()
+    assert live.proc.returncode == 1
+    errs = [ln for ln in live.err.splitlines() if ln.startswith("neuronabox: error:")]
+    assert errs and "note link of real rank 0" in errs[-1] and "seven" in errs[-1], live.err[-3000:]
+
+
 # -- the observer hub and the Gloo listener on their own ---------------------------------------------
 class Loop:
     """The driver's part the hub uses: register a socket's handler, and timers."""

@@ -139,7 +139,8 @@ def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tm
     afterwards carries the tag of the collective after it. Allreduces of different sizes one
     after another then each find the note of the one before: it does not fit their frames'
     segments, so the controller asks, the observer finds its own note does not fit either,
-    and the flight recorder answers. The run completes with every value right."""
+    and the flight recorder answers. The run completes with every value right, and no note
+    starts a ring: its tag is not the one after the latest the real rank's frames carried."""
     trace = tmp_path / "trace.json"
     res = run(
         "torchrun", "--nnodes", "2", "--trace", str(trace), str(SCRIPTS / "ring_sizes.py"),
@@ -150,6 +151,8 @@ def test_a_told_size_that_does_not_fit_the_wire_is_asked_of_the_recorder(run, tm
     rings = [i for i in load_trace(trace)["instances"] if i["kind"] == "allreduce"]
     assert len(rings) == 9 and all("(observer)" in i["geometry"] for i in rings), [i["geometry"] for i in rings]
     assert [i["numel"] for i in rings] == [2359296, 1310720, 2359296] * 3
+    # Every note's tag is past its call's, and the frames show it: no ring starts on a note.
+    assert not any(i.get("started_on_note") for i in rings), [i["numel"] for i in rings if i.get("started_on_note")]
 
 
 @pytest.mark.parametrize("nnodes,real_nodes", [(2, "0"), (4, "0,2")])

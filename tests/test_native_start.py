@@ -57,7 +57,8 @@ def test_native_starts_give_the_values_and_instances_of_python_starts(tmp_path):
     allreduces = Counter(i["nbytes"] for i in started if i["kind"] == "allreduce")
     assert {7 * 4, 7 * 8} <= set(allreduces) <= {7 * 4, 7 * 8, 1024 * 4, 1024 * 8, 33000 * 4, 33000 * 8}, allreduces
     assert Counter(i["kind"] for i in started)["barrier"] >= 1
-    assert not any(i.get("started_on_note") for i in native)  # NEURONABOX_NOTE_START=1 only
+    on_note = Counter(i["nbytes"] for i in native if i.get("started_on_note"))  # only rings the wire leaves open
+    assert set(on_note) <= {7 * 4, 7 * 8}, on_note
     for inst in started:  # its times are the book's own
         entered = min(a for a, _ in inst["per_rank"].values())
         assert inst["start_us"] <= entered <= inst["end_us"], inst
@@ -184,19 +185,20 @@ def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
 
 @pytest.mark.parametrize(
     "nnodes,real_nodes,note_start",
-    [(2, "0", False), (4, "0,2", True)],
-    ids=["at-first-frame", "on-note-two-real-ranks"],
+    [(2, "0", True), (4, "0,2", True), (2, "0", False)],
+    ids=["on-note", "on-note-two-real-ranks", "at-first-frame"],
 )
 def test_a_told_shape_starts_natively_only_where_the_call_noted_it(tmp_path, nnodes, real_nodes, note_start):
     """A ring whose size only the call's note tells starts natively from the note, never from
     its first frame alone: an unnoted allreduce (the process group's own method, as DDP's
     reducer or a functional collective calls it) with the same first frame goes to Python,
-    which asks the observer, and every result is right. By default the note arms the start
-    at the instance's first frame; NEURONABOX_NOTE_START=1 starts it as the note comes,
-    before any of its frames (`started_on_note`), and with two real ranks the second
-    rank's note finds it started."""
+    which asks the observer, and every result is right. By default the note starts it as it
+    comes, before any of its frames (`started_on_note`; the core reads the note link itself
+    once Python has seen the shape noted), and with two real ranks the second rank's note
+    finds it started; NEURONABOX_NOTE_START=0 only arms the start at the instance's first
+    frame."""
     trace = tmp_path / "told.jsonl"
-    env = {"NEURONABOX_NOTE_START": "1"} if note_start else {}
+    env = {} if note_start else {"NEURONABOX_NOTE_START": "0"}
     res = nbx("torchrun", "--nnodes", str(nnodes), "--real-nodes", real_nodes, "--delay-model", "zero",
               "--trace", str(trace), str(SCRIPTS / "told_and_unnoted.py"), "8", env=env)  # fmt: skip
     assert res.rc == 0 and "all checks passed" in res.out, res.err[-3000:]

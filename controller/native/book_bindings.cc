@@ -8,6 +8,7 @@
 // to a Python `call_at` (the virtual-time driver); frames for a pair with no socket,
 // writes the socket could not take whole, and finished instances go to Python hooks.
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "book.h"
+#include "note_line.h"
 #include "pyglue.h"
 #include "timing_api.h"
 
@@ -198,6 +200,26 @@ struct Starter {
   int64_t note;
 };
 
+// A real rank's note link: its observer writes a line per noted call (note_line.h), which
+// the loop reads natively (watch_notes).
+struct NoteLink {
+  int rank;
+  std::string buf;  // a line not complete yet
+};
+
+// What Python told the core of a shape a call may note (know_note): its starters' ids.
+struct NoteKnown {
+  int64_t note;  // starters added with note=id (-1: none)
+  int64_t arm;   // starters added with arm=id (-1: none)
+};
+
+// A note the loop read, kept for Python's bookkeeping (take_notes).
+struct NoteRead {
+  int rank;
+  NoteLine line;
+  bool known;  // its shape was known: the core did what Python would (started or armed it)
+};
+
 // A slot's first frames on a pair, held while they are a prefix of a starter's frames.
 struct Pending {
   PairObject* pair;  // strong
@@ -228,6 +250,13 @@ struct CoreObject {
   double polled_s;  // the loop's time in its busy window's polls that found nothing (polled())
   int python_first;  // answers in a row whose pair events were left for after Python's turn
   CoreSink* sink;  // the virtual-time driver, when it runs the core (else null)
+  std::unordered_map<int, NoteLink>* note_links;  // fd -> a real rank's note link (watch_notes)
+  std::unordered_map<std::string, NoteKnown>* notes_known;  // a told shape (NoteLine::shape_key) -> its ids
+  std::vector<NoteRead>* notes_read;  // read, not taken by Python yet (take_notes)
+  // "group\treal rank" -> the latest collective tag in that rank's frames on the group's
+  // pairs, shared with each pair (PairObject::last_tag): a note start's check.
+  std::unordered_map<std::string, std::shared_ptr<int64_t>>* scopes;
+  bool note_starts;  // a known noted shape starts on its note (note_starts)
 };
 
 struct BookObject {
@@ -269,11 +298,16 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     self->started = new (std::nothrow) std::vector<std::pair<PyObject*, PyObject*>>();
     self->pending = new (std::nothrow) std::vector<Pending>();
     self->arms = new (std::nothrow) std::deque<std::pair<int64_t, uint64_t>>();
+    self->note_links = new (std::nothrow) std::unordered_map<int, NoteLink>();
+    self->notes_known = new (std::nothrow) std::unordered_map<std::string, NoteKnown>();
+    self->notes_read = new (std::nothrow) std::vector<NoteRead>();
+    self->scopes = new (std::nothrow) std::unordered_map<std::string, std::shared_ptr<int64_t>>();
     self->ep = -1;
     self->pyfd = -1;
   }
   if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr ||
-      self->pending == nullptr || self->arms == nullptr) {
+      self->pending == nullptr || self->arms == nullptr || self->note_links == nullptr ||
+      self->notes_known == nullptr || self->notes_read == nullptr || self->scopes == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -342,6 +376,7 @@ void drop_pending(CoreObject* self) {
 // Forgets every native start (their pairs no longer ask this core), and the arms for them.
 void drop_starters(CoreObject* self) {
   if (self->arms != nullptr) self->arms->clear();
+  if (self->notes_known != nullptr) self->notes_known->clear();  // their ids name starters no more
   if (self->starters == nullptr) return;
   std::vector<Starter> gone = std::move(*self->starters);
   self->starters->clear();
@@ -402,6 +437,10 @@ void core_dealloc(PyObject* obj) {
   delete self->started;
   delete self->pending;
   delete self->arms;
+  delete self->note_links;  // Python owns the sockets
+  delete self->notes_known;
+  delete self->notes_read;
+  delete self->scopes;
   if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
@@ -583,6 +622,38 @@ bool ctl(CoreObject* self, int op, int fd, uint32_t events) {
   return true;
 }
 
+// The pair of `conn` (a real rank's, in a group) shares its rank's latest collective tag
+// in that group with the rank's other pairs there; a new connection starts it afresh (a
+// group's pairs open before its first collective, a new generation's anew). A conn that
+// names no group and rank (a test's) has none, and no note may start its instances.
+bool join_scope(CoreObject* self, PyObject* conn, PairObject* po) {
+  PyObject* group = PyObject_GetAttrString(conn, "group");
+  PyObject* name = group != nullptr ? PyObject_GetAttrString(group, "name") : nullptr;
+  PyObject* real = PyObject_GetAttrString(conn, "real");
+  Py_XDECREF(group);
+  if (name == nullptr || real == nullptr || !PyUnicode_Check(name) || !PyLong_Check(real)) {
+    Py_XDECREF(name);
+    Py_XDECREF(real);
+    PyErr_Clear();
+    return true;
+  }
+  const char* text = PyUnicode_AsUTF8(name);
+  const long rank = PyLong_AsLong(real);
+  Py_DECREF(name);
+  Py_DECREF(real);
+  if (text == nullptr || (rank == -1 && PyErr_Occurred())) return false;
+  auto& cell = (*self->scopes)[std::string(text) + '\t' + std::to_string(rank)];
+  if (!cell) cell = std::make_shared<int64_t>(-1);
+  *cell = -1;
+  if (po->last_tag == nullptr) po->last_tag = new (std::nothrow) std::shared_ptr<int64_t>();
+  if (po->last_tag == nullptr) {
+    PyErr_NoMemory();
+    return false;
+  }
+  *po->last_tag = cell;
+  return true;
+}
+
 PyObject* core_watch(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   int fd;
@@ -603,6 +674,7 @@ PyObject* core_watch(PyObject* obj, PyObject* args) {
   }
   Py_INCREF(conn);
   (*self->watched)[fd] = Watched{conn, reinterpret_cast<PairObject*>(pair), label, false};
+  if (!join_scope(self, conn, reinterpret_cast<PairObject*>(pair))) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -736,6 +808,8 @@ int spin_events(CoreObject* self, struct epoll_event* evs, double end, double* l
   return n;
 }
 
+int serve_notes(CoreObject* self, int fd, double now, bool read);  // the note links (below)
+
 PyObject* core_wait(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   double until, busy = 0.0, spin = 0.0;
@@ -756,14 +830,15 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     if (python || PyList_GET_SIZE(out) > 0 || now >= until) break;
     const bool polling = now < self->busy_at + busy;
     const bool spinning = polling || now < self->busy_at + spin;
-    const bool idle_due = (idle != 0 || !self->started->empty()) &&
-                          (!polling || self->started->size() >= kStartedMax);
+    // Python's idle work: its own, books started natively to adopt, notes read to note down.
+    const bool idle_work = idle != 0 || !self->started->empty() || !self->notes_read->empty();
+    const bool idle_due = idle_work && (!polling || self->started->size() >= kStartedMax ||
+                                        self->notes_read->size() >= kStartedMax);
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
     int n;
     if (spinning && !idle_due) {  // until a socket is ready, a timer is due, or the phase ends
-      const bool idle_waits = idle != 0 || !self->started->empty();  // the window's end lets it run
-      const double phase = polling && idle_waits ? busy : std::max(busy, spin);
+      const double phase = polling && idle_work ? busy : std::max(busy, spin);  // the window's end lets it run
       const double from = monotonic();  // after this pass's timers, which are work
       double last_empty = from;
       n = spin_events(self, evs, std::min(next, self->busy_at + phase), &last_empty);
@@ -791,6 +866,25 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     // it (a book started natively, a release), and a rank's last frame of one collective
     // could read as later than its first of the next, an overlap it never had.
     const double ready_at = n > 0 ? monotonic() : 0.0;
+    // The note links before all: a call's note precedes its frames (the rank wrote it
+    // first). A known shape starts or is armed here; an unknown one is Python's to arm
+    // before any frame a starter might take, as its own epoll's events are (below).
+    int notes = 0;
+    for (int i = 0; i < n; ++i) {
+      if (self->note_links->count(evs[i].data.fd) == 0) continue;
+      ++notes;
+      self->busy_at = monotonic();
+      const int urgent = serve_notes(self, evs[i].data.fd, ready_at, true);
+      if (urgent < 0) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      python = python || urgent != 0;
+    }
+    if (python && n > notes && self->python_first < kPythonFirst) {
+      ++self->python_first;
+      continue;
+    }
     // Python's events first when its epoll is in an answer with pair events: an observer's
     // note of a call's size precedes that call's frames (the rank wrote it first), and a
     // frame a starter would take must not start a book the note rules out
@@ -809,6 +903,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
         python = true;
         continue;
       }
+      if (self->note_links->count(evs[i].data.fd) != 0) continue;  // served above
       self->busy_at = monotonic();
       if (!serve(self, evs[i].data.fd, evs[i].events, ready_at, out)) {
         Py_DECREF(out);
@@ -903,6 +998,7 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   Py_XINCREF(st.timeline);
   po->starts = obj;  // the reference GetAttr gave is the starter's
   self->starters->push_back(std::move(st));
+  self->notes_known->clear();  // a noted shape may start or arm this one now: Python tells the core anew
   Py_RETURN_NONE;
 }
 
@@ -926,21 +1022,183 @@ PyObject* core_arm(PyObject* obj, PyObject* args) {
 
 int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now);
 
-// note(id, tag, now) -> bool: the note of a call told the instance of this tag a shape whose
-// starters were added with `note=id`; one of them starts it now (start_on_note).
+// Whether a note of `tag` from real rank `rank` in `group` names its call truly: its tag is
+// the one after the latest collective tag in that rank's frames on the group's pairs. The
+// observer tells the tag as the group's sequence number less the point-to-point operations
+// it saw (neuronabox/observer/sizes.py); one it could not see (a C++ caller's) moves every
+// later note's tag past its call's, and only the frames show it. A collective still in
+// flight (its frames not in yet) also fails the check, and its instance starts at its first
+// frame instead: a note never starts a ring on a tag the frames have not led up to.
+bool names_its_call(const CoreObject* core, const std::string& group, int rank, uint64_t tag) {
+  auto it = core->scopes->find(group + '\t' + std::to_string(rank));
+  if (it == core->scopes->end() || *it->second < 0) return false;
+  return ((tag - 1) & 0xFFFFFFFFu) == static_cast<uint64_t>(*it->second);
+}
+
+// note(id, tag, now, group, rank) -> bool: the note of real rank `rank`'s call in `group`
+// told the instance of this tag a shape whose starters were added with `note=id`; one of
+// them starts it now (start_on_note), if the tag names the call (names_its_call).
 PyObject* core_note(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   long long id;
   unsigned long long tag;
   double now;
-  if (!PyArg_ParseTuple(args, "LKd", &id, &tag, &now)) return nullptr;
+  const char* group;
+  int rank;
+  if (!PyArg_ParseTuple(args, "LKdsi", &id, &tag, &now, &group, &rank)) return nullptr;
   if (self->starters == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
     return nullptr;
   }
+  if (!names_its_call(self, group, rank, tag)) Py_RETURN_FALSE;
   const int started = start_on_note(self, static_cast<int64_t>(id), static_cast<uint64_t>(tag), now);
   if (started < 0) return nullptr;
   return PyBool_FromLong(started);
+}
+
+// -- note links ------------------------------------------------------------------------
+// watch_notes(fd, rank, early=b""): the loop reads real rank `rank`'s note link (its
+// observer's second connection, past its hello; `early`: what came after the hello).
+PyObject* core_watch_notes(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  int fd, rank;
+  const char* early = "";
+  Py_ssize_t early_n = 0;
+  if (!PyArg_ParseTuple(args, "ii|y#", &fd, &rank, &early, &early_n) || !ensure_epoll(self)) return nullptr;
+  if (self->note_links->count(fd) != 0 || self->watched->count(fd) != 0) {
+    PyErr_Format(PyExc_ValueError, "fd %d is watched already", fd);
+    return nullptr;
+  }
+  if (!ctl(self, EPOLL_CTL_ADD, fd, EPOLLIN)) return nullptr;
+  (*self->note_links)[fd] = NoteLink{rank, std::string(early, static_cast<size_t>(early_n))};
+  if (serve_notes(self, fd, monotonic(), false) < 0) return nullptr;  // the early lines now: the socket may stay quiet
+  Py_RETURN_NONE;
+}
+
+PyObject* core_unwatch_notes(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  const int fd = PyLong_AsLong(arg);
+  if (fd == -1 && PyErr_Occurred()) return nullptr;
+  if (self->note_links->erase(fd) == 0) Py_RETURN_FALSE;
+  ::epoll_ctl(self->ep, EPOLL_CTL_DEL, fd, nullptr);
+  Py_RETURN_TRUE;
+}
+
+// know_note(group, kind, numel, dtype, note, arm): a note of this shape starts the starters
+// added with note=`note` (Core.note's check first), else arms those added with arm=`arm`
+// (-1: none), as the loop reads it, before Python hears of it. Forgotten with the starters.
+PyObject* core_know_note(PyObject* obj, PyObject* args) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  NoteLine shape;
+  const char *group, *kind, *dtype;
+  unsigned long long numel;
+  long long note, arm;
+  if (!PyArg_ParseTuple(args, "ssKsLL", &group, &kind, &numel, &dtype, &note, &arm)) return nullptr;
+  shape.group = group;
+  shape.kind = kind;
+  shape.numel = numel;
+  shape.dtype = dtype;
+  (*self->notes_known)[shape.shape_key()] = NoteKnown{note, arm};
+  Py_RETURN_NONE;
+}
+
+PyObject* core_set_note_starts(PyObject* obj, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  reinterpret_cast<CoreObject*>(obj)->note_starts = on != 0;
+  Py_RETURN_NONE;
+}
+
+// take_notes() -> [(rank, group, tag, kind, numel, dtype, known)] (or ()): the notes the
+// loop read since the last call, in order; `known`: the core did with it what Python would.
+PyObject* core_take_notes(PyObject* obj, PyObject*) {
+  auto* self = reinterpret_cast<CoreObject*>(obj);
+  if (self->notes_read == nullptr || self->notes_read->empty()) return PyTuple_New(0);
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+  for (const NoteRead& r : *self->notes_read) {
+    const NoteLine& n = r.line;
+    PyObject* item = Py_BuildValue("(isKsKsO)", r.rank, n.group.c_str(), static_cast<unsigned long long>(n.tag),
+                                   n.kind.c_str(), static_cast<unsigned long long>(n.numel), n.dtype.c_str(),
+                                   r.known ? Py_True : Py_False);
+    if (item == nullptr || PyList_Append(out, item) != 0) {
+      Py_XDECREF(item);
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_DECREF(item);
+  }
+  self->notes_read->clear();
+  return out;
+}
+
+// One note as the loop reads it: a known shape starts now (its tag checked) or is armed.
+// Returns 1 if Python must see it before any frame (an unknown shape: Python arms it),
+// 0 if not, -1 with a Python error set.
+int take_note(CoreObject* self, int rank, NoteLine&& line, double now) {
+  auto known = self->notes_known->find(line.shape_key());
+  const bool is_known = known != self->notes_known->end();
+  if (is_known) {
+    int started = 0;
+    if (self->note_starts && known->second.note >= 0 && names_its_call(self, line.group, rank, line.tag)) {
+      started = start_on_note(self, known->second.note, line.tag, now);
+      if (started < 0) return -1;
+    }
+    if (started == 0 && known->second.arm >= 0) {
+      if (self->arms->size() >= kArmsKept) self->arms->pop_front();
+      self->arms->emplace_back(known->second.arm, line.tag);
+    }
+  }
+  self->notes_read->push_back(NoteRead{rank, std::move(line), is_known});
+  return is_known ? 0 : 1;
+}
+
+// A note link's readiness: every complete line taken (take_note). 1: one of them needs
+// Python first; 0: none; -1 with a Python error set (a line that is no note). A closed
+// link leaves the loop (Python closes its socket, with the observer's).
+int serve_notes(CoreObject* self, int fd, double now, bool read) {
+  auto it = self->note_links->find(fd);
+  if (it == self->note_links->end()) return 0;
+  const int rank = it->second.rank;
+  std::string& buf = it->second.buf;
+  bool closed = false;
+  char chunk[4096];
+  while (read) {
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n > 0) {
+      buf.append(chunk, static_cast<size_t>(n));
+      if (static_cast<size_t>(n) < sizeof chunk) break;
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    closed = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    break;
+  }
+  int urgent = 0;
+  size_t start = 0;
+  for (size_t end; (end = buf.find('\n', start)) != std::string::npos; start = end + 1) {
+    NoteLine line;
+    const std::string_view text(buf.data() + start, end - start);
+    if (!parse_note_line(text, &line)) {
+      PyErr_Format(PyExc_ValueError, "the note link of real rank %d sent a line that is not a note: %.80s", rank,
+                   std::string(text).c_str());
+      return -1;
+    }
+    const int got = take_note(self, rank, std::move(line), now);
+    if (got < 0) return -1;
+    urgent |= got;
+  }
+  buf.erase(0, start);
+  if (buf.size() > kNoteLineMax) {
+    PyErr_Format(PyExc_ValueError, "the note link of real rank %d sent a line longer than %zu bytes", rank,
+                 kNoteLineMax);
+    return -1;
+  }
+  if (closed) {
+    ::epoll_ctl(self->ep, EPOLL_CTL_DEL, fd, nullptr);
+    self->note_links->erase(fd);
+  }
+  return urgent;
 }
 
 PyObject* core_polled(PyObject* obj, PyObject*) {
@@ -986,9 +1244,23 @@ PyMethodDef core_methods[] = {
      "arm(id, tag): the instance of this tag may start from a starter added with arm=id; the oldest of a few "
      "hundred arms go first."},
     {"note", core_note, METH_VARARGS,
-     "note(id, tag, now) -> bool: a call's note told the instance of this tag the shape of the starters added "
-     "with note=id; one of them starts it now, before its frames (False: none may: none of that note, or the "
+     "note(id, tag, now, group, rank) -> bool: real rank `rank`'s call in `group` noted the instance of this "
+     "tag the shape of the starters added with note=id; one of them starts it now, before its frames (False: "
+     "none may: the tag is not the one after the rank's latest collective's, none of that note, or the "
      "instance runs already or is Python's)."},
+    {"watch_notes", core_watch_notes, METH_VARARGS,
+     "watch_notes(fd, rank, early=b''): the loop reads real rank `rank`'s note link natively (one line a noted "
+     "call: group, tag, kind, numel, dtype, tab-separated); `early`: its bytes read before."},
+    {"unwatch_notes", core_unwatch_notes, METH_O, "unwatch_notes(fd) -> bool: stop (before the socket closes)."},
+    {"know_note", core_know_note, METH_VARARGS,
+     "know_note(group, kind, numel, dtype, note, arm): a note of this shape read on a note link starts the "
+     "starters added with note=`note` (if its tag is the one after its rank's latest collective's), else arms "
+     "those added with arm=`arm` (-1: none); forgotten with the starters."},
+    {"note_starts", core_set_note_starts, METH_O,
+     "note_starts(on): whether a known noted shape starts as its note is read (else it is only armed)."},
+    {"take_notes", core_take_notes, METH_NOARGS,
+     "take_notes() -> [(rank, group, tag, kind, numel, dtype, known)] (or ()): the notes read since the last "
+     "call; known: the core started or armed it as Python would."},
     {"polled", core_polled, METH_NOARGS,
      "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
     {"take_started", core_take_started, METH_NOARGS,
@@ -2008,8 +2280,19 @@ int start_natively(PairObject* po, gloo::Event& ev, double now, std::vector<gloo
 
 }  // namespace
 
+void advance_tag(int64_t* last, uint64_t slot) {
+  const uint64_t prefix = slot >> 56;
+  if (prefix < 1 || prefix > 8) return;  // a point-to-point slot: the user's tag
+  const auto tag = static_cast<int64_t>((slot >> 24) & 0xFFFFFFFFu);
+  // Tags wrap at 32 bits: a tag is later if it is less than half the range ahead.
+  if (*last < 0 || ((static_cast<uint64_t>(tag) - static_cast<uint64_t>(*last)) & 0xFFFFFFFFu) - 1 < 0x7FFFFFFFu) {
+    *last = tag;
+  }
+}
+
 bool route(PairObject* po, std::vector<gloo::Event>& events, double now, std::vector<gloo::Event>* rest) {
   for (gloo::Event& ev : events) {
+    if (po->last_tag != nullptr) advance_tag(po->last_tag->get(), ev.slot);
     const Route* found = nullptr;
     for (const Route& r : *po->routes) {
       if (r.slot == ev.slot) {

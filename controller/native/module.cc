@@ -158,6 +158,7 @@ void pair_dealloc(PyObject* obj) {
   auto* self = reinterpret_cast<PairObject*>(obj);
   delete self->pair;
   delete self->routes;  // empty: a book holds its pairs while it routes them
+  delete self->last_tag;
   Py_TYPE(obj)->tp_free(obj);
 }
 

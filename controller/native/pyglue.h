@@ -6,6 +6,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "bytes.h"
@@ -33,7 +34,15 @@ struct PairObject {
   // no core starts a book for one (its routes would take frames whose notices Python has).
   uint64_t handed[kHandedKept];
   uint32_t handed_n;  // slots recorded so far (the ring holds the last kHandedKept)
+  // The latest collective tag in this real rank's frames on its group's pairs (-1: none
+  // yet), shared by those pairs (Core.watch): a note whose tag is the next one names its
+  // call truly, and may start it before any frame (the note links). Null: not watched.
+  std::shared_ptr<int64_t>* last_tag;
 };
+
+// Moves a scope's latest collective tag on to `slot`'s, if the slot is a collective's
+// (Gloo's: prefix << 56 | tag << 24 | delta, prefixes 1 to 8) and its tag is later.
+void advance_tag(int64_t* last, uint64_t slot);
 
 extern PyTypeObject PairType;
 extern PyObject* g_wire_error;

@@ -30,6 +30,8 @@ from .steps import on_step
 _lock = threading.Lock()
 _sock: socket.socket | None = None
 _early: list[bytes] = []  # messages from before the link is up
+_notes_lock = threading.Lock()
+_notes: socket.socket | None = None  # the note link: the controller's core reads it itself
 
 
 def _send(msg: dict) -> None:
@@ -42,6 +44,21 @@ def _send(msg: dict) -> None:
             _sock.sendall(data)
         except OSError:
             pass
+
+
+def _send_note(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
+    """A ring's size as its call enters, on the note link: one tab-separated line, which the
+    controller's core reads and acts on with no Python turn (controller/native/note_line.h);
+    on the observer link, as JSON, until the note link is up or for a name it cannot carry."""
+    if _notes is not None and len(group) < 256 and "\t" not in group and "\n" not in group:
+        line = f"{group}\t{tag}\t{op}\t{numel}\t{dtype}\n".encode()
+        with _notes_lock:
+            try:
+                _notes.sendall(line)
+                return
+            except OSError:
+                pass
+    _send({"meta": group, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
 
 
 C10D = "torch.distributed.distributed_c10d"
@@ -145,6 +162,7 @@ def _serve(host: str, port: int) -> None:
         s.sendall(hello + b"".join(_early))
         _early.clear()
         _sock = s
+    _open_note_link(host, port, secret)
     on_step(_stepped)
     threading.Thread(target=_report_dtypes, name="neuronabox-dtypes", daemon=True).start()
     buf = b""
@@ -177,6 +195,20 @@ def _serve(host: str, port: int) -> None:
             else:
                 _send(reply)
         waiting = still
+
+
+def _open_note_link(host: str, port: int, secret: str) -> None:
+    """The second connection, for notes alone (`_send_note`); without it they go as JSON."""
+    global _notes
+    try:
+        n = socket.create_connection((host, port), timeout=30)
+        n.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a note leads its call's frames
+        hello = {"hello": 1, "rank": int(os.environ["RANK"]), "pid": os.getpid(), "secret": secret, "notes": 1}
+        n.sendall(json.dumps(hello).encode() + b"\n")
+        n.settimeout(None)
+    except OSError:
+        return
+    _notes = n
 
 
 def _records() -> list[dict]:
@@ -264,7 +296,8 @@ def start() -> None:
             del targets[name]
     if targets:
         sys.meta_path.insert(0, _WrapOnLoad(targets))
-    sizes.push = _send  # a ring's size, as its call enters
+    sizes.push = _send  # a DDP model's buckets
+    sizes.note_out = _send_note  # a ring's size, as its call enters
     atexit.register(_report_at_exit)  # the last steps' dtypes, which the rule above may still hold
     host, port = os.environ["NEURONABOX_OBSERVER"].rsplit(":", 1)
     threading.Thread(target=_serve, args=(host, int(port)), name="neuronabox-observer", daemon=True).start()

@@ -6,19 +6,21 @@ controller cannot read off the real ranks' frames (neuronabox/schedules/gloo_red
 PyTorch's flight recorder on the real rank's core (about 4 us an entry, 0.3 ms for 64)
 for every such instance. Instead the c10d function, as it is called, notes the tensor's
 element count and dtype under the instance's Gloo tag and sends them to the controller
-at once (`push`), before the call puts its first frame on the wire; a question that
-comes anyway is answered from the note. DDP's buckets, which its C++ reducer
-allreduces past every Python function, are sized by the controller from the model's
-bucket sizes (`note_buckets`). Both ends use a note only if it fits the
-segments the real rank's frames carry (`fits_wire`): a note under the wrong tag is
-another collective's.
+at once (`note_out`: the agent's note link, which the controller's core reads itself),
+before the call puts its first frame on the wire; a question that comes anyway is
+answered from the note. DDP's buckets, which its C++ reducer allreduces past every
+Python function, are sized by the controller from the model's bucket sizes
+(`note_buckets`). Both ends use a note only if it fits the segments the real rank's
+frames carry (`fits_wire`): a note under the wrong tag is another collective's.
 
 The tag is the group's sequence number less the point-to-point operations it counted:
 ProcessGroupGloo numbers every operation, but gives a tag to collectives only. The
 point-to-point calls are counted at ProcessGroup's own methods, which every path to
-them takes. Whenever the flight recorder is read anyway (the dtype reports), the notes
-it still holds are checked against it; a group whose notes disagree is answered from
-the recorder from then on.
+them takes, once each has taken its number: a note never names a tag before its call's,
+and one past it (a call past those methods) the controller's check of the frames
+refuses. Whenever the flight recorder is read anyway (the dtype reports), the notes it
+still holds are checked against it; a group whose notes disagree is answered from the
+recorder from then on.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ _lock = threading.Lock()
 _p2p: dict[object, int] = {}  # process group -> the point-to-point operations it issued
 _notes: dict[tuple[str, int], tuple[str, int, int, str]] = {}  # (group, tag) -> (op, element count and size, dtype)
 _untrusted: set[str] = set()  # groups whose notes disagreed with the flight recorder
-push: Callable[[dict], None] | None = None  # the agent's line to the controller
+push: Callable[[dict], None] | None = None  # the agent's line to the controller (a DDP model's buckets)
+note_out: Callable[[str, int, str, int, str], None] | None = None  # the note link: group, tag, op, numel, dtype
 
 
 def _c10d():
@@ -63,9 +66,10 @@ def install(c10d) -> None:
 def _counting(method):
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
+        work = method(self, *args, **kwargs)  # counted once it is in: one that raised took no number
         with _lock:
             _p2p[self] = _p2p.get(self, 0) + 1
-        return method(self, *args, **kwargs)
+        return work
 
     return counted
 
@@ -104,8 +108,8 @@ def _note(op: str, reduce: bool, tensor, group) -> None:
         _notes[(name, tag)] = (op, numel, elem, dtype)
         if len(_notes) > KEEP:
             del _notes[next(iter(_notes))]
-    if push is not None:
-        push({"meta": name, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
+    if note_out is not None:
+        note_out(name, tag, op, numel, dtype)
 
 
 def c10_dtype(tensor) -> str:

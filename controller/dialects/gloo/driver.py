@@ -85,12 +85,15 @@ class Adoption:
     before the frames no book took, else once the core has nothing more pressing (its busy
     window over), not in a turn that served Python's events alone, as a call's note that
     started an instance: Python's turn there (30-40 us a book) would hold its frames. At
-    most ADOPT_PUT_OFF_MAX such turns in a row."""
+    most ADOPT_PUT_OFF_MAX such turns in a row. The notes the core read on the observers'
+    note links (engine.notes) go to Python every turn: one of a shape the core was not told
+    of wakes Python, which arms it before the core serves the frames behind it."""
 
-    def __init__(self, adopt: Callable[[], None]) -> None:
-        self.adopt, self.put_off = adopt, 0
+    def __init__(self, adopt: Callable[[], None], notes: Callable[[], None] = lambda: None) -> None:
+        self.adopt, self.notes, self.put_off = adopt, notes, 0
 
     def turn(self, frames: bool, python: bool) -> None:
+        self.notes()
         if frames or not python or self.put_off >= ADOPT_PUT_OFF_MAX:
             self.adopt()
             self.put_off = 0
@@ -144,7 +147,7 @@ class GlooDriver:
         self.engine = engine_factory(self)
         self.core: Core = getattr(self.engine, "core", None) or Core(done=lambda owner: None, emit=self.write)
         adopt = getattr(self.engine, "adopt_started", None)
-        self._adoption = Adoption(adopt) if adopt is not None else None
+        self._adoption = Adoption(adopt, lambda: self.engine.notes()) if adopt is not None else None
         self.core.also(self.sel.fileno())
         self.running = True
         self.error: BaseException | None = None
