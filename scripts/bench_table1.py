@@ -16,7 +16,10 @@ rather than poll on its core of its own, and --recorder-sizes has the controller
 real rank for every ring size the wire leaves open (from 4 MiB here), answered from a dump
 of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NOTES=0), and
 --frame-starts starts a ring whose size the call's note told at its first frame rather than
-as the note comes (NEURONABOX_NOTE_START=0; docs/fidelity.md, "A note the core reads").
+as the note comes (NEURONABOX_NOTE_START=0), and --python-notes sends the notes over the
+observer link, each a Python turn of the controller's, not on the note link its core reads
+(NEURONABOX_NOTE_LINK=0; docs/fidelity.md, "A note the core reads"). Sizes under 1 KiB are
+in bytes (--sizes 28: a training loop's loss, a ring the call's note sizes).
 --realtime runs every real rank of both sides in the real-time class (SCHED_RR 1, as
 `neuronabox torchrun --realtime` does): this VM's tick stalls then leave the medians too.
 --noise-floor adds a second all-real run to the rotation, compared with the first as the
@@ -25,8 +28,9 @@ launch of the same pair runs at a speed of its own on this VM (docs/fidelity.md,
 launches"), so a cell whose floor is several percent cannot resolve a smaller overhead.
 --huge-pages transparent|reserved runs every process of both sides with malloc on 2 MiB
 pages, as `validate --huge-pages` does (reserved: from the hugetlb pool, vm.nr_hugepages).
-Usage: python scripts/bench_table1.py [--repeat K] [--sizes 1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes] [--frame-starts] [--realtime] [--noise-floor] [--huge-pages transparent|reserved]
+Usage: python scripts/bench_table1.py [--repeat K] [--sizes 28,1K,1M,...] [--python-starts] [--sleeping-loop]
+       [--recorder-sizes] [--frame-starts] [--python-notes] [--realtime] [--noise-floor]
+       [--huge-pages transparent|reserved]
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ REFERENCES = {  # flag -> (column, the environment that turns its part off, or o
     "sleeping_loop": ("sleeping loop", {"NEURONABOX_BUSY_POLL": "0"}),
     "recorder_sizes": ("sizes asked of the recorder", {"NEURONABOX_SIZE_NOTES": "0"}),
     "frame_starts": ("noted rings at their first frame", {"NEURONABOX_NOTE_START": "0"}),
+    "python_notes": ("notes read by Python", {"NEURONABOX_NOTE_LINK": "0"}),
 }
 
 
@@ -184,6 +189,7 @@ def main() -> None:
     ap.add_argument(
         "--frame-starts", action="store_true", help="also run with noted rings started at their first frame"
     )
+    ap.add_argument("--python-notes", action="store_true", help="also run with the notes read by Python")
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     ap.add_argument("--huge-pages", choices=sorted(MODES), help="both sides on 2 MiB pages (validate's)")

@@ -184,11 +184,16 @@ def test_a_start_under_drawn_skew_draws_its_own_entry_natively(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "nnodes,real_nodes,note_start",
-    [(2, "0", True), (4, "0,2", True), (2, "0", False)],
-    ids=["on-note", "on-note-two-real-ranks", "at-first-frame"],
+    "nnodes,real_nodes,note_start,env",
+    [
+        (2, "0", True, {}),
+        (4, "0,2", True, {}),
+        (2, "0", False, {"NEURONABOX_NOTE_START": "0"}),
+        (2, "0", True, {"NEURONABOX_NOTE_LINK": "0"}),
+    ],
+    ids=["on-note", "on-note-two-real-ranks", "at-first-frame", "on-note-read-by-python"],
 )
-def test_a_told_shape_starts_natively_only_where_the_call_noted_it(tmp_path, nnodes, real_nodes, note_start):
+def test_a_told_shape_starts_natively_only_where_the_call_noted_it(tmp_path, nnodes, real_nodes, note_start, env):
     """A ring whose size only the call's note tells starts natively from the note, never from
     its first frame alone: an unnoted allreduce (the process group's own method, as DDP's
     reducer or a functional collective calls it) with the same first frame goes to Python,
@@ -196,9 +201,9 @@ def test_a_told_shape_starts_natively_only_where_the_call_noted_it(tmp_path, nno
     comes, before any of its frames (`started_on_note`; the core reads the note link itself
     once Python has seen the shape noted), and with two real ranks the second rank's note
     finds it started; NEURONABOX_NOTE_START=0 only arms the start at the instance's first
-    frame."""
+    frame. With NEURONABOX_NOTE_LINK=0 the notes come over the observer link and Python
+    starts or arms (the same check of the tag in the core)."""
     trace = tmp_path / "told.jsonl"
-    env = {} if note_start else {"NEURONABOX_NOTE_START": "0"}
     res = nbx("torchrun", "--nnodes", str(nnodes), "--real-nodes", real_nodes, "--delay-model", "zero",
               "--trace", str(trace), str(SCRIPTS / "told_and_unnoted.py"), "8", env=env)  # fmt: skip
     assert res.rc == 0 and "all checks passed" in res.out, res.err[-3000:]

@@ -198,8 +198,12 @@ def _serve(host: str, port: int) -> None:
 
 
 def _open_note_link(host: str, port: int, secret: str) -> None:
-    """The second connection, for notes alone (`_send_note`); without it they go as JSON."""
+    """The second connection, for notes alone (`_send_note`); without it they go as JSON
+    (NEURONABOX_NOTE_LINK=0: always, each a Python turn of the controller's, a benchmark's
+    reference)."""
     global _notes
+    if os.environ.get("NEURONABOX_NOTE_LINK", "1") == "0":
+        return
     try:
         n = socket.create_connection((host, port), timeout=30)
         n.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a note leads its call's frames
