@@ -713,6 +713,7 @@ constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this cl
 constexpr int kMaxEvents = 64;
 constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
 constexpr size_t kArmsKept = 256;   // notes' arms for instances not started yet (arm)
+constexpr size_t kNotesKnownMax = 1024;  // noted shapes the core acts on itself (know_note); more: told anew
 
 // One pair socket's readiness, served natively; what Python must see goes into `out`.
 // `ready_at`: when epoll reported it (see core_wait).
@@ -1098,6 +1099,7 @@ PyObject* core_know_note(PyObject* obj, PyObject* args) {
   shape.kind = kind;
   shape.numel = numel;
   shape.dtype = dtype;
+  if (self->notes_known->size() >= kNotesKnownMax) self->notes_known->clear();  // a script of ever new sizes
   (*self->notes_known)[shape.shape_key()] = NoteKnown{note, arm};
   Py_RETURN_NONE;
 }

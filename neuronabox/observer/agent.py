@@ -32,6 +32,7 @@ _sock: socket.socket | None = None
 _early: list[bytes] = []  # messages from before the link is up
 _notes_lock = threading.Lock()
 _notes: socket.socket | None = None  # the note link: the controller's core reads it itself
+NOTE_LINE_MAX = 400  # bytes: the core takes lines of up to 512 (kNoteLineMax)
 
 
 def _send(msg: dict) -> None:
@@ -50,14 +51,17 @@ def _send_note(group: str, tag: int, op: str, numel: int, dtype: str) -> None:
     """A ring's size as its call enters, on the note link: one tab-separated line, which the
     controller's core reads and acts on with no Python turn (controller/native/note_line.h);
     on the observer link, as JSON, until the note link is up or for a name it cannot carry."""
-    if _notes is not None and len(group) < 256 and "\t" not in group and "\n" not in group:
-        line = f"{group}\t{tag}\t{op}\t{numel}\t{dtype}\n".encode()
+    global _notes
+    line = f"{group}\t{tag}\t{op}\t{numel}\t{dtype}\n".encode()
+    if _notes is not None and len(line) <= NOTE_LINE_MAX and line.count(b"\t") == 4 and line.count(b"\n") == 1:
         with _notes_lock:
+            link = _notes
             try:
-                _notes.sendall(line)
-                return
-            except OSError:
-                pass
+                if link is not None:
+                    link.sendall(line)
+                    return
+            except OSError:  # the controller closed it: the observer link from now on
+                _notes = None
     _send({"meta": group, "tag": tag, "kind": op, "numel": numel, "dtype": dtype})
 
 

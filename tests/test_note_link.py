@@ -1,0 +1,78 @@
+"""The note link as the controller's core reads it, with real sockets and a bare Core: a
+known shape's note is taken natively and handed to Python later, an unknown one wakes
+Python before any frame, and a line that is no note, or one past the bound, is a clear
+error naming the rank (never a buffer that grows)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from neuronabox.controller import _native
+
+
+def linked(rank: int = 3) -> tuple[_native.Core, socket.socket, socket.socket]:
+    core = _native.Core(done=lambda owner: None, emit=lambda conn: None)
+    mine, observer = socket.socketpair()
+    mine.setblocking(False)
+    core.watch_notes(mine.fileno(), rank)
+    return core, mine, observer
+
+
+def test_a_known_shape_is_taken_in_the_core_and_an_unknown_one_wakes_python():
+    core, mine, observer = linked()
+    try:
+        core.know_note("0", "all_reduce", 7, "Float", -1, -1)  # told: nothing to start or arm
+        observer.sendall(b"0\t12\tall_reduce\t7\tFloat\n")
+        frames, python = core.wait(time.monotonic() + 0.3)
+        assert frames == [] and not python  # nothing for Python before the frames
+        assert core.take_notes() == [(3, "0", 12, "all_reduce", 7, "Float", True)]
+        assert core.take_notes() == ()
+        observer.sendall(b"0\t13\tall_reduce\t6\tFloat\n")  # a shape the core was not told of
+        frames, python = core.wait(time.monotonic() + 5)
+        assert python
+        assert core.take_notes() == [(3, "0", 13, "all_reduce", 6, "Float", False)]
+        core.clear_starters()  # the known shapes go with the starters
+        observer.sendall(b"0\t14\tall_reduce\t7\tFloat\n")
+        assert core.wait(time.monotonic() + 5)[1]
+        assert core.take_notes()[0][-1] is False
+    finally:
+        assert core.unwatch_notes(mine.fileno())
+        mine.close()
+        observer.close()
+
+
+@pytest.mark.parametrize(
+    "sent,cause",
+    [
+        (b"0\tseven\tall_reduce\t7\tFloat\n", "not a note: 0\tseven"),
+        (b"0\t1\tall_reduce\t7\n", "not a note"),
+        (b"0\t1\tall_reduce\t7\tFloat\textra\n", "not a note"),
+        (b"x" * 600, "longer than 512 bytes"),
+    ],
+    ids=["tag", "fields", "extra-field", "unbounded"],
+)
+def test_a_line_that_is_no_note_is_a_clear_error_naming_the_rank(sent, cause):
+    core, mine, observer = linked(rank=5)
+    try:
+        observer.sendall(sent)
+        with pytest.raises(ValueError) as err:
+            core.wait(time.monotonic() + 5)
+        assert "note link of real rank 5" in str(err.value) and cause in str(err.value), err.value
+    finally:
+        core.unwatch_notes(mine.fileno())
+        mine.close()
+        observer.close()
+
+
+def test_a_closed_note_link_leaves_the_loop():
+    core, mine, observer = linked()
+    observer.sendall(b"0\t2\tall_reduce\t7\tFloat\n")
+    observer.close()
+    frames, python = core.wait(time.monotonic() + 5)
+    assert python  # the last note, of an unknown shape, still reaches Python
+    assert core.take_notes() == [(3, "0", 2, "all_reduce", 7, "Float", False)]
+    core.wait(time.monotonic() + 0.2)  # the close, read at the next pass
+    assert not core.unwatch_notes(mine.fileno())  # the core let go of it
+    mine.close()
