@@ -187,9 +187,18 @@ def test_a_forged_hello_cannot_take_a_real_ranks_questions():
     assert time.monotonic() - t0 < 20  # no question waited on the stranger
 
 
-def test_an_observer_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_path):
+@pytest.mark.parametrize(
+    "link,sent,names",
+    [
+        ({}, b'{"step": 1}\n', ("observer of real rank 0", "'t'")),
+        ({"notes": 1}, b"0\tseven\tall_reduce\t7\tFloat\n", ("note link of real rank 0", "seven")),
+    ],
+    ids=["observer-link", "note-link"],
+)
+def test_an_observer_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_path, link, sent, names):
     """An authenticated observer (the test has the run's secret) sending a message with a
-    key missing ends the run with one clear line, not "KeyError: 't'"."""
+    key missing ends the run with one clear line, not "KeyError: 't'"; so does a line on
+    its note link (which the controller's core reads itself) that is no note."""
     go_on = tmp_path / "done"
     live = Live(
         "torchrun", "--nnodes", "2", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on),
@@ -198,38 +207,16 @@ def test_an_observer_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_pat
     try:
         live.wait_line(r"iteration 0 done")
         info = ready_info(controller_of(live))
-        hello = {"hello": 1, "rank": 0, "pid": 1, "secret": info["observer_secret"]}
-        with dial(host_port(info["observer"]), json.dumps(hello).encode() + b'\n{"step": 1}\n'):
+        hello = {"hello": 1, "rank": 0, "pid": 1, "secret": info["observer_secret"], **link}
+        with dial(host_port(info["observer"]), json.dumps(hello).encode() + b"\n" + sent):
             live.finish(timeout=120)
     finally:
         go_on.touch()
         live.stop()
     assert live.proc.returncode == 1
     errs = [ln for ln in live.err.splitlines() if ln.startswith("neuronabox: error:")]
-    assert errs and "observer of real rank 0" in errs[-1] and "'t'" in errs[-1], live.err[-3000:]
+    assert errs and all(n in errs[-1] for n in names), live.err[-3000:]
     assert "KeyError" not in errs[-1]
-
-
-def test_a_note_link_that_breaks_the_protocol_ends_the_run_with_its_rank(tmp_path):
-    """An authenticated note link (the line the core reads itself) sending a line that is
-    no note ends the run with one clear line naming the rank."""
-    go_on = tmp_path / "done"
-    live = Live(
-        "torchrun", "--nnodes", "2", COLLECTIVES, "--repeat", "1", "--until-file", str(go_on),
-        "--sizes", "1024", "--dtypes", "float32",
-    )  # fmt: skip
-    try:
-        live.wait_line(r"iteration 0 done")
-        info = ready_info(controller_of(live))
-        hello = {"hello": 1, "rank": 0, "pid": 1, "secret": info["observer_secret"], "notes": 1}
-        with dial(host_port(info["observer"]), json.dumps(hello).encode() + b"\n0\tseven\tall_reduce\t7\tFloat\n"):
-            live.finish(timeout=120)
-    finally:
-        go_on.touch()
-        live.stop()
-    assert live.proc.returncode == 1
-    errs = [ln for ln in live.err.splitlines() if ln.startswith("neuronabox: error:")]
-    assert errs and "note link of real rank 0" in errs[-1] and "seven" in errs[-1], live.err[-3000:]
 
 
 # -- the observer hub and the Gloo listener on their own ---------------------------------------------
