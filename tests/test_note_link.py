@@ -6,6 +6,7 @@ error naming the rank (never a buffer that grows)."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -39,6 +40,31 @@ def test_a_known_shape_is_taken_in_the_core_and_an_unknown_one_wakes_python():
         assert core.take_notes()[0][-1] is False
     finally:
         assert core.unwatch_notes(mine.fileno())
+        mine.close()
+        observer.close()
+
+
+def test_a_stream_of_known_notes_goes_to_python_in_bounded_batches():
+    """Known shapes need no Python before the frames, but the notes read wait for it: a
+    stream of them returns the loop to Python every few dozen, never a list that grows."""
+    core, mine, observer = linked()
+    try:
+        core.know_note("0", "all_reduce", 7, "Float", -1, -1)
+        lines = b"".join(b"0\t%d\tall_reduce\t7\tFloat\n" % tag for tag in range(20000))  # 560 KB
+        sender = threading.Thread(target=observer.sendall, args=(lines,))
+        sender.start()
+        taken: list[tuple] = []
+        batches = 0
+        while len(taken) < 20000:
+            core.wait(time.monotonic() + 5)
+            batch = core.take_notes()
+            assert len(batch) <= 64 + (64 << 10) // 25, len(batch)  # the bound, and one pass's read past it
+            taken += batch
+            batches += 1
+        sender.join()
+        assert batches >= 8 and [t[2] for t in taken] == list(range(20000)) and all(t[-1] for t in taken)
+    finally:
+        core.unwatch_notes(mine.fileno())
         mine.close()
         observer.close()
 

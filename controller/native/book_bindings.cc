@@ -622,15 +622,18 @@ bool ctl(CoreObject* self, int op, int fd, uint32_t events) {
   return true;
 }
 
-// The pair of `conn` (a real rank's, in a group) shares its rank's latest collective tag
+// The pair of `conn` (a real rank's, in a group) shares its (global) rank's latest collective tag
 // in that group with the rank's other pairs there; a new connection starts it afresh (a
 // group's pairs open before its first collective, a new generation's anew). A conn that
 // names no group and rank (a test's) has none, and no note may start its instances.
 bool join_scope(CoreObject* self, PyObject* conn, PairObject* po) {
   PyObject* group = PyObject_GetAttrString(conn, "group");
   PyObject* name = group != nullptr ? PyObject_GetAttrString(group, "name") : nullptr;
-  PyObject* real = PyObject_GetAttrString(conn, "real");
+  PyObject* in_group = PyObject_GetAttrString(conn, "real");  // the group's rank; a note names the global one
+  PyObject* real = group != nullptr && in_group != nullptr ? PyObject_CallMethod(group, "global_rank", "O", in_group)
+                                                            : nullptr;
   Py_XDECREF(group);
+  Py_XDECREF(in_group);
   if (name == nullptr || real == nullptr || !PyUnicode_Check(name) || !PyLong_Check(real)) {
     Py_XDECREF(name);
     Py_XDECREF(real);
@@ -880,7 +883,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
         Py_DECREF(out);
         return nullptr;
       }
-      python = python || urgent != 0;
+      python = python || urgent != 0 || self->notes_read->size() >= kStartedMax;  // Python takes them in turn
     }
     if (python && n > notes && self->python_first < kPythonFirst) {
       ++self->python_first;
@@ -1165,7 +1168,7 @@ int serve_notes(CoreObject* self, int fd, double now, bool read) {
   std::string& buf = it->second.buf;
   bool closed = false;
   char chunk[4096];
-  while (read) {
+  for (int chunks = 0; read && chunks < 16; ++chunks) {  // at most 64 KiB a pass: the socket stays ready for more
     const ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
     if (n > 0) {
       buf.append(chunk, static_cast<size_t>(n));
