@@ -156,7 +156,9 @@ class ObserverLink:
         if kind == "all_reduce" and not known:
             if self._collides(group, numel, dtype):
                 self.engine.clear_starters()
-            self.engine.starters.arm(group, tag, numel, dtype, ELEM_SIZES[dtype], rank, kind)  # it may start natively
+            # It may start natively; the core acts on the shape's next notes itself once the
+            # group's world is known here, as the check of a DDP bucket's collision needs.
+            self.engine.starters.arm(group, tag, numel, dtype, ELEM_SIZES[dtype], rank, kind, group in self._worlds)
         self._noted[(group, tag)] = (kind, numel, dtype)
         if len(self._noted) > NOTED_MAX:
             del self._noted[next(iter(self._noted))]

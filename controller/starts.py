@@ -193,7 +193,9 @@ class Starters:
         self.keys.add(key)
         self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)
 
-    def arm(self, group: str, tag: int, numel: int, dtype: str, elem: int, rank: int, kind: str) -> None:
+    def arm(
+        self, group: str, tag: int, numel: int, dtype: str, elem: int, rank: int, kind: str, tell: bool = True
+    ) -> None:
         """Real rank `rank`'s call of `group` noted its ring's size as it entered (before its
         first frame). With the clock, a ring of that geometry whose starter is in starts now,
         if the note's tag is the one after the rank's latest collective's on the wire
@@ -204,14 +206,16 @@ class Starters:
         never starts a told shape: an unnoted call with the same first frames (a functional
         collective, DDP's unused-parameter map) may be of another size. The core is told
         what this shape's notes start or arm (`Core.know_note`), and does it itself for the
-        next such note it reads, with no Python turn before the call's frames."""
+        next such note it reads, with no Python turn before the call's frames (`tell`: False
+        while the caller's own checks of the shape are not settled yet)."""
         world = self.worlds.get(group)
         note = None
         if world is not None:
             note = self.note_ids.get(ring_key(group, RingGeometry.for_tensor(world, numel * elem, elem)))
         arm = self.arm_ids.get((group, numel, dtype))
-        self.core.know_note(group, kind, numel, dtype, -1 if note is None or self.clock is None else note,
-                            -1 if arm is None else arm)  # fmt: skip
+        if tell:
+            self.core.know_note(group, kind, numel, dtype, -1 if note is None or self.clock is None else note,
+                                -1 if arm is None else arm)  # fmt: skip
         if self.clock is not None and note is not None and self.core.note(note, tag, self.clock(), group, rank):
             return
         if arm is not None:
