@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_allreduce import result, write_pinned_placement
@@ -57,6 +58,23 @@ def row(kind: str, nbytes: int, mode: str, runs: list[dict]) -> str:
     )
 
 
+def print_table(
+    kinds: str, sizes: str, repeat: int, runs_of: Callable[[int, Path], list[tuple[str, Callable[[], dict]]]]
+) -> None:
+    """HEADER, then for each of `sizes` the runs `runs_of(nbytes, placement)` names (Table 1's
+    placements), rotated `repeat` times, a row per kind and run."""
+    print(HEADER)
+    with tempfile.TemporaryDirectory() as d:
+        placement = Path(d) / "placement.json"
+        write_pinned_placement(placement)
+        for size in sizes.split(","):
+            n = parse_size(size)
+            runs = rotated(runs_of(n, placement), repeat)
+            for kind in kinds.split(","):
+                for mode, got in runs.items():
+                    print(row(kind, n, mode, [g[kind] for g in got]), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="allgather,allreduce")
@@ -69,20 +87,14 @@ def main() -> None:
     if args.repeat < 1 or args.calls < 2:
         sys.exit("--repeat must be at least 1 and --calls at least 2")
     use_huge_pages(args.huge_pages)
-    kinds = args.kinds.split(",")
     rt = args.realtime
-    print(HEADER)
-    with tempfile.TemporaryDirectory() as d:
-        placement = Path(d) / "placement.json"
-        write_pinned_placement(placement)
-        for size in args.sizes.split(","):
-            n, w = parse_size(size), worker(args.kinds, parse_size(size), args.calls)
-            order = [("all-real", lambda w=w: result(all_real_output(w, rt))),
-                     ("emulated", lambda w=w: result(emulated_output(w, placement, realtime=rt)))]  # fmt: skip
-            runs = rotated(order, args.repeat)
-            for kind in kinds:
-                for mode in ("all-real", "emulated"):
-                    print(row(kind, n, mode, [r[kind] for r in runs[mode]]), flush=True)
+
+    def runs_of(n: int, placement: Path) -> list[tuple[str, Callable[[], dict]]]:
+        w = worker(args.kinds, n, args.calls)
+        return [("all-real", lambda: result(all_real_output(w, rt))),
+                ("emulated", lambda: result(emulated_output(w, placement, realtime=rt)))]  # fmt: skip
+
+    print_table(args.kinds, args.sizes, args.repeat, runs_of)
 
 
 if __name__ == "__main__":

@@ -1024,7 +1024,7 @@ PyObject* core_arm(PyObject* obj, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now);
+int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now, const std::string& group, int rank);
 
 // Whether a note of `tag` from real rank `rank` in `group` names its call truly: its tag is
 // the one after the latest collective tag in that rank's frames on the group's pairs. The
@@ -1041,7 +1041,7 @@ bool names_its_call(const CoreObject* core, const std::string& group, int rank, 
 
 // note(id, tag, now, group, rank) -> bool: the note of real rank `rank`'s call in `group`
 // told the instance of this tag a shape whose starters were added with `note=id`; one of
-// them starts it now (start_on_note), if the tag names the call (names_its_call).
+// them starts it now, if the tag names the call (start_on_note).
 PyObject* core_note(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   long long id;
@@ -1054,8 +1054,7 @@ PyObject* core_note(PyObject* obj, PyObject* args) {
     PyErr_SetString(PyExc_RuntimeError, "Core.__init__ was not called");
     return nullptr;
   }
-  if (!names_its_call(self, group, rank, tag)) Py_RETURN_FALSE;
-  const int started = start_on_note(self, static_cast<int64_t>(id), static_cast<uint64_t>(tag), now);
+  const int started = start_on_note(self, static_cast<int64_t>(id), static_cast<uint64_t>(tag), now, group, rank);
   if (started < 0) return nullptr;
   return PyBool_FromLong(started);
 }
@@ -1145,8 +1144,8 @@ int take_note(CoreObject* self, int rank, NoteLine&& line, double now) {
   const bool is_known = known != self->notes_known->end();
   if (is_known) {
     int started = 0;
-    if (self->note_starts && known->second.note >= 0 && names_its_call(self, line.group, rank, line.tag)) {
-      started = start_on_note(self, known->second.note, line.tag, now);
+    if (self->note_starts && known->second.note >= 0) {
+      started = start_on_note(self, known->second.note, line.tag, now, line.group, rank);
       if (started < 0) return -1;
     }
     if (started == 0 && known->second.arm >= 0) {
@@ -2184,9 +2183,11 @@ int routed(const Starter& st, uint64_t slot) {
 // The emulated ranks' first notices (their receives, ready) then reach the real rank about
 // when it writes its own, as a real peer's do that enters with it, and its first sends go
 // at once, as between real ranks, rather than a round trip through the controller later.
-// 1: started; 0: no starter of this note, or the instance runs already or is Python's (its
-// frames came first); -1: a Python error is set.
-int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now) {
+// 1: started; 0: the note's tag is not the one after the rank's latest collective's
+// (names_its_call), no starter of this note, or the instance runs already or is Python's
+// (its frames came first); -1: a Python error is set.
+int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now, const std::string& group, int rank) {
+  if (!names_its_call(core, group, rank, tag)) return 0;  // the note's tag may be past its call's
   for (const Starter& st : *core->starters) {
     if (st.note != note || st.note < 0) continue;
     const uint64_t slot = st.value | ((tag & st.tag_mask) << st.tag_shift);
