@@ -13,11 +13,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 from neuronabox.errors import NeuronaBoxError
 from neuronabox.schedules.gloo import BinomialBroadcast, DisseminationBarrier, RealRanks
 from neuronabox.store import HEAD_KEY, store_listener
+from neuronabox.store_wire import StoreClient, StoreError, StoreServer, StoreTimeout
 
 from .config import ControllerConfig
 from .dialects.gloo.driver import GlooDriver
@@ -51,14 +51,12 @@ def lazy_peers(group: Group, r: int) -> set[int]:
     return {p for p in peers if p not in group.real and p != r}
 
 
-def store_wait(store, key: str) -> bool:
+def store_wait(store: StoreClient, key: str) -> bool:
     """Block until `key` is in the store (True) or ten seconds have passed (False)."""
-    import torch.distributed as dist
-
     try:
-        store.wait([key], timedelta(seconds=10))
+        store.wait([key], 10.0)
         return True
-    except getattr(dist, "DistStoreError", RuntimeError):
+    except StoreTimeout:
         return False
 
 
@@ -98,7 +96,8 @@ class Membership:
         self._seq_base: dict[str, int] = {"0": 0}  # each group's block of the pair ids its emulated records publish
         self._next_seq = world**2
         self.conns: dict[tuple[str, int, int], Conn] = {}
-        self.store = None
+        self.store: StoreClient | None = None
+        self.store_server: StoreServer | None = None  # when node 0 is emulated: the run's store
         # When the controller hosts the store it listens from the start, before the ranks
         # are started: an agent that dials a refused port backs off (0.67 s), one whose
         # connection is accepted waits only until the store serves it (torch's import here).
@@ -189,19 +188,22 @@ class Membership:
     def _await_rejoin(self, r: int) -> None:
         """A store thread: wait for real rank r's next record of the default group."""
         try:
-            store = store_client(self.cfg)
-            key, last = group_key("0", r), self._records.get(r)
-            while self.driver.running:
-                if store.check([key]):
-                    raw = bytes(store.get(key))
-                    if raw != last:
-                        rec = RankRecord.decode(raw, self.default.world)
-                        self.driver.call_soon(lambda raw=raw, rec=rec: self._rejoin(r, raw, rec))
-                        return
-                time.sleep(REJOIN_POLL_S)
+            with store_client(self.cfg) as store:
+                self._watch_record(store, r)
         except BaseException as exc:  # noqa: BLE001
             if self.driver.running:
                 self._on_error(self._store_lost(exc))
+
+    def _watch_record(self, store: StoreClient, r: int) -> None:
+        key, last = group_key("0", r), self._records.get(r)
+        while self.driver.running:
+            if store.check([key]):
+                raw = store.get(key)
+                if raw != last:
+                    rec = RankRecord.decode(raw, self.default.world)
+                    self.driver.call_soon(lambda raw=raw, rec=rec: self._rejoin(r, raw, rec))
+                    return
+            time.sleep(REJOIN_POLL_S)
 
     def _rejoin(self, r: int, raw: bytes, rec: RankRecord) -> None:
         """Real rank r joined the default group again (loop thread). The first of a new
@@ -245,9 +247,9 @@ class Membership:
         """The run's start (a thread of its own): open the store, publish the default group's
         emulated records, do what the emulated nodes' agents do, then read the real ranks' records."""
         try:
-            # Kept for the whole run: when node 0 is emulated this object is the run's
-            # TCPStore server, which the real agents use up to their exit barrier.
-            self.store = store = open_store(self.cfg, self._store_listener)
+            # Kept for the whole run: when node 0 is emulated our server is the run's
+            # TCPStore, which the real agents use up to their exit barrier.
+            self.store, self.store_server = store, _ = open_store(self.cfg, self._store_listener, self.log)
             self.log("store open")
             self._after_store_open()
             if self.cfg.member_link:  # a run on several hosts: where the other hosts' launchers find the head
@@ -278,21 +280,21 @@ class Membership:
 
     def _setup_group(self, group: Group) -> None:
         try:
-            store = store_client(self.cfg)
-            records = emulated_records(self.cfg, self.driver.address, group, seq_base=self._seq_base[group.name])
-            publish_records(store, records, key=lambda g: group_key(group.name, g))
-            self._await_records(store, group)
+            with store_client(self.cfg) as store:
+                records = emulated_records(self.cfg, self.driver.address, group, seq_base=self._seq_base[group.name])
+                publish_records(store, records, key=lambda g: group_key(group.name, g))
+                self._await_records(store, group)
         except BaseException as exc:  # noqa: BLE001
             self._on_error(self._store_lost(exc))
 
-    def _await_records(self, store, group: Group) -> None:
+    def _await_records(self, store: StoreClient, group: Group) -> None:
         """Wait for each real member's record and open its pairs in the loop."""
         for g in group.real.sorted:
             key = group_key(group.name, g)
             while not store_wait(store, key):  # wakes now and then to see whether the run still goes
                 if not self.driver.running:
                     return
-            raw = bytes(store.get(key))
+            raw = store.get(key)
             rec = RankRecord.decode(raw, group.world)
             if group is self.default:
                 self._records[g] = raw
@@ -302,6 +304,7 @@ class Membership:
     def _store_lost(self, exc: BaseException) -> BaseException:
         """When a real node's agent hosts the store, the store failing means that node's
         torchrun is gone: the launcher names the node's own exit rather than this."""
-        if 0 in self.cfg.real_nodes and not isinstance(exc, (ProtocolError, UnsupportedRecord, NeuronaBoxError)):
+        ours = isinstance(exc, (ProtocolError, UnsupportedRecord, NeuronaBoxError)) and not isinstance(exc, StoreError)
+        if 0 in self.cfg.real_nodes and not ours:
             return StoreLost(f"the run's store (real node 0's torchrun agent) went away: {exc}")
         return exc

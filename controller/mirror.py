@@ -3,14 +3,18 @@ mirror source's input, and a message is the real bytes it builds on with that in
 folded in once per emulated rank on the way, by the collective's reduce op.
 
 Folds run one at a time, in ring order, as Gloo's ranks would apply them, so the
-floating-point result is Gloo's own (k additions are not k x input). torch is
-imported on the first fold: at start-up it would cost the controller (and so every
-run) a second or two before the real ranks can start.
+floating-point result is Gloo's own (k additions are not k x input). The folds are
+numpy's, each step rounded to the dtype as torch's CPU kernels round it (bfloat16, which
+numpy lacks, is computed in float32 and rounded to nearest even): importing torch took
+the controller a second of CPU, on the path of the first collective that folds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from neuronabox.schedules.gloo import MirrorPlan
 
@@ -38,32 +42,47 @@ class MirrorInput:
         return self.data[off : off + n]
 
 
+_NUMPY = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "int8": np.int8, "uint8": np.uint8,
+          "int16": np.int16, "int32": np.int32, "int64": np.int64, "bool": np.bool_}  # fmt: skip
+_STEP: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "SUM": np.add, "AVG": np.add, "PRODUCT": np.multiply, "MAX": np.maximum, "MIN": np.minimum,
+    "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor,
+}  # fmt: skip
+_REPEATS = ("SUM", "AVG", "PRODUCT", "BXOR")  # ops whose k-fold result is not the 1-fold one
+
+
+def _bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even, NaN kept a (quiet) NaN, as c10::BFloat16 rounds."""
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
 def fold(base: bytes | None, block: bytes, times: int, op: str, dtype: str) -> bytes:
     """`base` (or nothing) with `block` folded in `times` times by `op`."""
     if times == 0:
         return base if base is not None else bytes(len(block))
-    import torch
-
-    t = getattr(torch, dtype)
-    b = torch.frombuffer(bytearray(block), dtype=t) if block else torch.empty(0, dtype=t)
-    if base is None:
-        acc, times = b.clone(), times - 1
+    step = _STEP[op]
+    if dtype == "bfloat16":
+        b = _bf16_to_f32(np.frombuffer(block, np.uint16))
+        acc = b.copy() if base is None else _bf16_to_f32(np.frombuffer(base, np.uint16))
+        fn = lambda a: _bf16_to_f32(_f32_to_bf16(step(a, b)))  # noqa: E731  # each step rounded, as torch's
     else:
-        acc = torch.frombuffer(bytearray(base), dtype=t) if base else torch.empty(0, dtype=t)
-    if op in ("SUM", "AVG"):  # Gloo sums; AVG divides once at the end
-        for _ in range(times):
-            acc.add_(b)
-    elif op == "PRODUCT":
-        for _ in range(times):
-            acc.mul_(b)
-    elif times > 0 and op == "MAX":
-        acc = torch.maximum(acc, b)
-    elif times > 0 and op == "MIN":
-        acc = torch.minimum(acc, b)
-    elif times > 0 and op == "BAND":
-        acc = acc & b
-    elif times > 0 and op == "BOR":
-        acc = acc | b
-    elif op == "BXOR" and times % 2:
-        acc = acc ^ b
-    return acc.numpy().tobytes() if acc.dtype != torch.bfloat16 else acc.view(torch.int16).numpy().tobytes()
+        t = _NUMPY[dtype]
+        b = np.frombuffer(block, t)
+        acc = b.copy() if base is None else np.frombuffer(base, t).copy()
+        fn = lambda a: step(a, b)  # noqa: E731
+        if t is np.bool_ and op in ("SUM", "PRODUCT"):  # torch's bool add is or, its multiply and
+            fn = lambda a: (np.logical_or if op == "SUM" else np.logical_and)(a, b)  # noqa: E731
+    if base is None:
+        times -= 1
+    with np.errstate(all="ignore"):  # overflows wrap or go to infinity, as torch's do
+        for _ in range(times if op in _REPEATS else min(times, 1)):
+            acc = fn(acc)
+    if dtype == "bfloat16":
+        return _f32_to_bf16(acc).tobytes()
+    return acc.astype(_NUMPY[dtype], copy=False).tobytes()

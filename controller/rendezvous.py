@@ -1,19 +1,19 @@
 """Stand-ins for the torchrun agents of the emulated nodes, and the rank records
 of the emulated ranks (GLOO_WIRE.md, "torchrun" and "Store keys").
 
-Talks to the run's TCPStore with torch's own client, so the store protocol is
-the stock one.
+Talks to the run's TCPStore in its own wire (`neuronabox.store_wire`), without torch:
+importing it cost the controller about 1.2 s of CPU, for the store alone.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import struct
 import time
-from datetime import timedelta
+from collections.abc import Callable
 
-from neuronabox.store import STORE_ADD, STORE_MAGIC, STORE_VALIDATE, bound_store
+from neuronabox.store import store_listener
+from neuronabox.store_wire import StoreClient, StoreServer
 
 from .config import ControllerConfig
 from .dialects.gloo.wire import Address, RankRecord
@@ -44,63 +44,37 @@ def await_listener(host: str, port: int, deadline: float, every_s: float = 0.02)
             time.sleep(every_s)
 
 
-def store_client(cfg: ControllerConfig):
+def store_client(cfg: ControllerConfig) -> StoreClient:
     """Another connection to the run's store, for a thread of its own."""
-    import torch.distributed as dist
-
-    return dist.TCPStore(
-        cfg.master_addr,
-        cfg.master_port,
-        is_master=False,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=cfg.store_timeout_s),
-    )
+    return StoreClient(cfg.master_addr, cfg.master_port, cfg.store_timeout_s)
 
 
-def open_store(cfg: ControllerConfig, listener: socket.socket | None = None):
-    """The run's store: hosted by the real node-0 agent, or by us when node 0 is emulated."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=cfg.store_timeout_s)
+def open_store(
+    cfg: ControllerConfig, listener: socket.socket | None = None, log: Callable[[str], None] = print
+) -> tuple[StoreClient, StoreServer | None]:
+    """The run's store: hosted by the real node-0 agent, or by us when node 0 is emulated
+    (on `listener`, bound to the run's address only, as TCPStore's own server is not).
+    Returns a client of it, and our server if we host it."""
     if 0 in cfg.real_nodes:
-        deadline = time.monotonic() + cfg.store_timeout_s
-        await_listener(cfg.master_addr, cfg.master_port, deadline)
-        while True:
-            try:
-                return dist.TCPStore(
-                    cfg.master_addr,
-                    cfg.master_port,
-                    is_master=False,
-                    wait_for_workers=False,
-                    timeout=timeout,
-                )
-            except Exception:  # the agent may not listen yet
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-    # TCPStore's own server listens on every interface; ours, on the run's address only.
-    return bound_store(cfg.master_addr, cfg.master_port, timeout, world_size=cfg.nnodes, sock=listener)
+        await_listener(cfg.master_addr, cfg.master_port, time.monotonic() + cfg.store_timeout_s)
+        return store_client(cfg), None
+    server = StoreServer(listener or store_listener(cfg.master_addr, cfg.master_port), log=log)
+    try:
+        return StoreClient(*server.address, cfg.store_timeout_s), server
+    except BaseException:
+        server.close()
+        raise
 
 
 STORE_INIT_KEY = b"init/"  # TCPStore::initKey_, outside the "/"-prefixed user keys
 
 
-def count_in_workers(cfg: ControllerConfig, n: int) -> None:
-    """Node 0's TCPStore waits until `nnodes` clients have counted themselves in
-    by bumping `init/`, a key the public API cannot reach (user keys get a "/"
-    prefix). Each stock client also pings the server, which the agent's store
-    answers slowly, so the emulated nodes count in with one raw ADD instead."""
-    if n == 0:
-        return
-    with socket.create_connection((cfg.master_addr, cfg.master_port), timeout=cfg.store_timeout_s) as s:
-        s.sendall(struct.pack("<BI", STORE_VALIDATE, STORE_MAGIC))
-        s.sendall(struct.pack("<BQ", STORE_ADD, len(STORE_INIT_KEY)) + STORE_INIT_KEY + struct.pack("<q", n))
-        reply = b""
-        while len(reply) < 8:
-            chunk = s.recv(8 - len(reply))
-            if not chunk:
-                raise ConnectionError("the run's TCPStore closed the connection while counting in workers")
-            reply += chunk
+def count_in_workers(store: StoreClient, n: int) -> None:
+    """Node 0's TCPStore waits until `nnodes` clients have counted themselves in by
+    bumping `init/`, a key torch's own calls cannot reach (user keys get a "/" prefix):
+    the emulated nodes count in with one ADD."""
+    if n:
+        store.add_raw(STORE_INIT_KEY, n)
 
 
 class EmulatedAgents:
@@ -117,7 +91,7 @@ class EmulatedAgents:
     def join(self) -> None:
         cfg, n_emu = self.cfg, len(self.emulated_nodes)
         if 0 in cfg.real_nodes:
-            count_in_workers(cfg, n_emu)
+            count_in_workers(self.store, n_emu)
         keys = [self.key(f"{ROLE_INFO}{n}") for n in self.emulated_nodes]
         vals = [
             json.dumps({"role": "default", "rank": n, "local_world_size": cfg.nproc_per_node})

@@ -1,32 +1,30 @@
 """The run's TCPStore server, listening on the run's address (--master-addr) only.
 
 TCPStore's own server binds every interface (`*:PORT`); it takes a bound socket instead.
-The store has one of two hosts. When node 0 is emulated, the controller
-(`controller.rendezvous.open_store`). When node 0 is real, its stock torchrun agent, whose
-static rendezvous makes `TCPStore(..., is_master, multi_tenant=True)`: c10d keeps one
-server per port in a process, for as long as a store holds it, and a multi-tenant store
-reuses it. So `sitecustomize` starts this server in node 0's agent before torchrun's code
-runs (`host_in_node0_agent`), and torchrun's store is served by it; torch is not changed.
+The store has one of two hosts. When node 0 is emulated, the controller, with a server of
+its own in the store's wire (`store_wire`, `controller.rendezvous.open_store`). When node
+0 is real, its stock torchrun agent, whose static rendezvous makes `TCPStore(...,
+is_master, multi_tenant=True)`: c10d keeps one server per port in a process, for as long
+as a store holds it, and a multi-tenant store reuses it. So `sitecustomize` starts this
+server in node 0's agent before torchrun's code runs (`host_in_node0_agent`), and
+torchrun's store is served by it; torch is not changed.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import struct
 import sys
 import time
 from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 
+from neuronabox.store_wire import StoreClient
+
 ADDR_ENV, PORT_ENV = "NEURONABOX_STORE_ADDR", "NEURONABOX_STORE_PORT"  # set for the real nodes' torchruns
 NODE0 = "--node-rank=0"  # how the launcher names node 0 on its torchrun's command line (`ranks.node_command`)
 HEAD_KEY = "neuronabox/head"  # a run on several hosts: the head launcher's link, which the controller publishes
-_held: list = []
-# c10d's TCPStore wire (TCPStoreBackend.hpp), for what is spoken without torch's client.
-STORE_VALIDATE, STORE_GET, STORE_ADD, STORE_CHECK = 0, 3, 4, 5  # c10d::detail::QueryType
-STORE_MAGIC = 0x3C85F7CE  # c10d::detail::validationMagicNumber
-CHECK_READY = b"\x00"  # CheckResponseType::READY  # the agent's store: its server lives as long as this reference
+_held: list = []  # the agent's store: its server lives as long as this reference
 
 
 def store_listener(host: str, port: int) -> socket.socket:
@@ -90,41 +88,20 @@ def host_in_node0_agent(environ: MutableMapping[str, str] = os.environ, argv: Se
         os._exit(1)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the store closed the connection")
-        data += chunk
-    return data
-
-
-def _key(name: str) -> bytes:
-    """A key as the server holds it: TCPStore's client puts "/" before every user key."""
-    raw = ("/" + name).encode()
-    return struct.pack("<Q", len(raw)) + raw
-
-
 def read_head(host: str, port: int, timeout_s: float, every_s: float = 0.1) -> str:
     """A run on several hosts: the head launcher's link address, from the run's store at
     `host`:`port`, waiting up to `timeout_s` for the store and the key. Spoken in the
-    store's own wire (c10d's TCPStore: the hello, CHECK polled, then GET), so a launcher
-    does not import torch for one key (seconds of CPU). TimeoutError, with what was last
-    seen, when neither came."""
+    store's own wire (`store_wire`), so a launcher does not import torch for one key
+    (seconds of CPU). TimeoutError, with what was last seen, when neither came."""
     deadline = time.monotonic() + timeout_s
     seen = "nothing answered"
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())) as sock:
-                sock.sendall(struct.pack("<BI", STORE_VALIDATE, STORE_MAGIC))
+            with StoreClient(host, port, max(0.1, deadline - time.monotonic())) as store:
                 seen = "the store is up, without the head's key"
                 while time.monotonic() < deadline:
-                    sock.sendall(struct.pack("<BQ", STORE_CHECK, 1) + _key(HEAD_KEY))
-                    if _recv_exact(sock, 1) == CHECK_READY:
-                        sock.sendall(struct.pack("<B", STORE_GET) + _key(HEAD_KEY))
-                        (n,) = struct.unpack("<Q", _recv_exact(sock, 8))
-                        return _recv_exact(sock, n).decode()
+                    if store.check([HEAD_KEY]):
+                        return store.get(HEAD_KEY).decode()
                     time.sleep(every_s)
         except OSError as exc:
             seen = exc.strerror or str(exc)

@@ -404,13 +404,18 @@ def test_store_listener_binds_the_master_address():
         nnodes=2, nproc_per_node=1, real_nodes=[1], master_addr="127.0.0.1", master_port=free_port(),
         run_id="t", lazy=False, store_timeout_s=10,
     )  # fmt: skip
-    store = open_store(cfg)
+    store, server = open_store(cfg)
     try:
         store.set("k", "v")
+        assert store.get("k") == b"v"
         mine = [
             c.laddr for c in psutil.Process().net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN and c.laddr.port == cfg.master_port
         ]  # fmt: skip
         assert [(a.ip, a.port) for a in mine] == [("127.0.0.1", cfg.master_port)]
     finally:
-        del store
+        store.close()
+        server.close()
+    assert not server.thread.is_alive()
+    left = [c for c in psutil.Process().net_connections(kind="inet") if c.laddr.port == cfg.master_port]
+    assert not [c for c in left if c.status != psutil.CONN_TIME_WAIT], left

@@ -1,0 +1,145 @@
+"""The store's wire without torch (`neuronabox.store_wire`), against torch's own: our client
+with torch's TCPStore server, torch's client with our server, over real sockets."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from neuronabox.store_wire import (
+    MAX_FIELD,
+    Query,
+    RequestReader,
+    StoreClient,
+    StoreClosed,
+    StoreServer,
+    StoreTimeout,
+    hello,
+    request,
+)
+
+
+@pytest.fixture
+def ours():
+    logged: list[str] = []
+    server = StoreServer(socket.create_server(("127.0.0.1", 0)), log=logged.append)
+    server.logged = logged
+    yield server
+    server.close()
+    assert not server.thread.is_alive()
+
+
+def set_later(setter, key: str, after_s: float = 0.2) -> threading.Thread:
+    t = threading.Thread(target=lambda: (time.sleep(after_s), setter(key, "L")))
+    t.start()
+    return t
+
+
+def test_our_client_speaks_to_torchs_server():
+    srv = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    with StoreClient("127.0.0.1", srv.port, 10.0) as c:
+        c.set("k", "v")
+        assert c.get("k") == b"v" and srv.get("k") == b"v"
+        assert c.add("n", 3) == 3 and srv.add("n", 2) == 5 and c.add("n", 0) == 5
+        assert c.check(["k"]) and not c.check(["k", "absent"])
+        c.multi_set(["a", "b"], ["x", b"yy"])
+        assert srv.multi_get(["a", "b"]) == [b"x", b"yy"]
+        with pytest.raises(StoreTimeout, match="absent"):
+            c.wait(["absent"], 0.2)
+        c.set("after", "still served")  # the cancelled wait left the connection in step
+        assert srv.get("after") == b"still served"
+        t = set_later(srv.set, "late")
+        c.wait(["late"])
+        t.join()
+        assert c.add_raw(b"init/", 1) == 1  # c10d's own key, outside the user keys
+
+
+def test_torchs_client_speaks_to_our_server(ours):
+    host, port = ours.address
+    cl = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+    cl.set("k", "v")
+    assert cl.get("k") == b"v"
+    assert cl.add("n", 3) == 3 and cl.add("n", 2) == 5 and cl.get("n") == b"5"
+    assert cl.check(["k"]) and not cl.check(["k", "absent"])
+    with pytest.raises(dist.DistStoreError):
+        cl.wait(["absent"], timedelta(milliseconds=200))
+    cl.multi_set(["a", "b"], ["x", "yy"])
+    assert cl.multi_get(["a", "b"]) == [b"x", b"yy"]
+    assert cl.compare_set("a", "x", "z") == b"z"  # expected: swapped
+    assert cl.compare_set("a", "wrong", "w") == b"z"  # not: the value stays
+    assert cl.compare_set("new", "", "q") == b"q"  # absent, nothing expected: set
+    assert cl.compare_set("gone", "e", "w") == b"e" and not cl.check(["gone"])
+    assert cl.delete_key("a") and not cl.delete_key("a")
+    assert cl.num_keys() == 4  # k, n, b, new
+    cl.append("b", "!")
+    assert cl.get("b") == b"yy!"
+    with StoreClient(host, port, 10.0) as c:
+        t = set_later(c.set, "late")
+        cl.wait(["late"])  # a wait settled by another connection's write
+        t.join()
+    # torch's client counts itself in on c10d's init key when it waits for workers
+    dist.TCPStore(host, port, world_size=2, is_master=False, wait_for_workers=True, timeout=timedelta(seconds=10))
+    with StoreClient(host, port, 10.0) as c:
+        assert c.add_raw(b"init/", 0) == 1
+    assert not ours.logged
+
+
+def test_a_request_split_anywhere_reads_the_same():
+    wire = hello() + request(Query.SET, b"/k", b"value") + request(Query.WAIT, keys=[b"/k", b"/j"])
+    reader = RequestReader()
+    got = [r for i in range(len(wire)) for r in reader.feed(wire[i : i + 1])]
+    assert [(r.query, r.keys, r.values) for r in got] == [
+        (Query.SET, (b"/k",), (b"value",)),
+        (Query.WAIT, (b"/k", b"/j"), ()),
+    ]
+
+
+@pytest.mark.parametrize(
+    "wire, cause",
+    [
+        (request(Query.SET, b"/k", b"v"), "did not begin with TCPStore's hello"),
+        (hello() + bytes([99]), "query 99"),
+        (hello() + bytes([Query.SET]) + struct.pack("<Q", MAX_FIELD + 1), "a field of"),
+        (hello() + request(Query.BARRIER), "BARRIER, which this store does not serve"),
+    ],
+    ids=["no hello", "unknown query", "field past the bound", "a query not served"],
+)
+def test_a_connection_that_breaks_the_wire_is_closed_and_named(ours, wire, cause):
+    with socket.create_connection(ours.address, timeout=10) as s:
+        s.sendall(wire)
+        assert s.recv(1) == b""  # closed by the server
+    deadline = time.monotonic() + 10
+    while not ours.logged and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ours.logged) == 1 and cause in ours.logged[0] and "127.0.0.1:" in ours.logged[0], ours.logged
+    with StoreClient(*ours.address, 10.0) as c:  # the others are still served
+        c.set("k", "v")
+        assert c.get("k") == b"v"
+
+
+def test_a_client_of_nothing_or_of_a_stranger_fails_within_its_timeout():
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(StoreTimeout):
+            StoreClient("127.0.0.1", port, 0.5)
+        assert time.monotonic() - t0 < 30  # its own timeout, not the store's 300 s
+    # closed now: refused until the timeout
+    with pytest.raises(OSError):
+        StoreClient("127.0.0.1", port, 0.3)
+
+
+def test_a_closed_server_releases_its_port_and_ends_its_waits(ours):
+    with StoreClient(*ours.address, 10.0) as c:
+        c.sock.sendall(request(Query.WAIT, keys=[b"/never"]))
+        ours.close()
+        with pytest.raises(StoreClosed):
+            c._recv(1)
+    with pytest.raises(OSError):
+        socket.create_connection(ours.address, timeout=1).close()
