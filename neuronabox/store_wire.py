@@ -20,6 +20,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -277,18 +278,33 @@ class StoreTable:
 # --- the server ------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class _Conn:
+    """One client of the server: its socket, its reader, what it asked that is not served
+    yet (while its answers wait to be read), and the answers not sent yet."""
+
+    sock: socket.socket
+    reader: RequestReader = field(default_factory=RequestReader)
+    queued: deque[Request] = field(default_factory=deque)
+    out: bytearray = field(default_factory=bytearray)
+
+
 class StoreServer:
     """The run's store, served by a thread of this process on `listener` (already bound,
-    to the run's address only). Connections are bounded by the listener's backlog and
-    `max_conns`; one that breaks the protocol is closed and named by `log`."""
+    to the run's address only). Connections are bounded by `max_conns`; one that breaks
+    the protocol is closed and named by `log`. A client's requests are served only while
+    fewer than HIGH_WATER bytes of its answers wait to be sent, and it is not read while any
+    wait to be served: for a client that does not read its answers, the server holds at
+    most that and one answer, and what one read brought."""
+
+    HIGH_WATER = 1 << 20
 
     def __init__(self, listener: socket.socket, log: Callable[[str], None] = lambda _m: None, max_conns: int = 65536):
         self.listener, self.log, self.max_conns = listener, log, max_conns
         self.table = StoreTable()
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._out: dict[socket.socket, bytearray] = {}
-        self._readers: dict[socket.socket, RequestReader] = {}
+        self._conns: set[_Conn] = set()
         self._stopping = False
         listener.setblocking(False)
         self.sel.register(listener, selectors.EVENT_READ, "accept")
@@ -299,6 +315,12 @@ class StoreServer:
     @property
     def address(self) -> tuple[str, int]:
         return self.listener.getsockname()[:2]
+
+    def held(self) -> tuple[int, int]:
+        """What the server holds for its clients, all of them: bytes of answers not sent,
+        and requests read but not served (a client that does not read its answers)."""
+        conns = list(self._conns)
+        return sum(len(c.out) for c in conns), sum(len(c.queued) for c in conns)
 
     def close(self) -> None:
         """Stop serving and close every socket (idempotent)."""
@@ -318,13 +340,11 @@ class StoreServer:
                 for key, events in self.sel.select(1.0):
                     if key.data == "accept":
                         self._accept()
-                    elif key.data == "wake":
-                        break
-                    else:
-                        self._io(key.fileobj, events)
+                    elif key.data != "wake" and key.data in self._conns:
+                        self._io(key.data, events)
         finally:
-            for conn in list(self._readers):
-                self._drop(conn)
+            for c in list(self._conns):
+                self._drop(c)
             self.sel.unregister(self.listener)
             self.sel.unregister(self._wake_r)
             self.listener.close()
@@ -334,71 +354,71 @@ class StoreServer:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.listener.accept()
+                sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # out of descriptors: the client retries its connect
                 self.log(f"store: accept failed: {exc}")
                 return
-            if len(self._readers) >= self.max_conns:
-                conn.close()
+            if len(self._conns) >= self.max_conns:
+                sock.close()
                 continue
-            conn.setblocking(False)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._readers[conn] = RequestReader()
-            self._out[conn] = bytearray()
-            self.sel.register(conn, selectors.EVENT_READ)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c = _Conn(sock)
+            self._conns.add(c)
+            self.sel.register(sock, selectors.EVENT_READ, c)
 
-    def _io(self, conn: socket.socket, events: int) -> None:
-        if events & selectors.EVENT_WRITE:
-            self._flush(conn)
-        if not events & selectors.EVENT_READ or conn not in self._readers:
-            return
-        try:
-            data = conn.recv(READ_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(conn)
-            return
-        try:
-            requests = self._readers[conn].feed(data)
-        except StoreClosed as exc:
-            self.log(f"store: closed a connection from {_peer(conn)}: {exc}")
-            self._drop(conn)
-            return
-        for req in requests:
-            for to, reply in self.table.serve(conn, req):
-                if to in self._out:
-                    self._out[to] += reply
-                    self._flush(to)
+    def _io(self, c: _Conn, events: int) -> None:
+        if events & selectors.EVENT_READ and not c.queued:
+            try:
+                data = c.sock.recv(READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":
+                self._drop(c)
+                return
+            try:
+                c.queued.extend(c.reader.feed(data or b""))
+            except StoreClosed as exc:
+                self.log(f"store: closed a connection from {_peer(c.sock)}: {exc}")
+                self._drop(c)
+                return
+        while True:
+            while c.queued and len(c.out) < self.HIGH_WATER:
+                for to, reply in self.table.serve(c, c.queued.popleft()):
+                    to.out += reply
+                    if to is not c:
+                        self._flush(to)
+            self._flush(c)
+            if not c.queued or c.out or c not in self._conns:  # else the socket took it all: serve on
+                return
 
-    def _flush(self, conn: socket.socket) -> None:
-        out = self._out.get(conn)
-        if out is None:
+    def _flush(self, c: _Conn) -> None:
+        if c not in self._conns:
             return
         try:
-            sent = conn.send(out) if out else 0
+            sent = c.sock.send(c.out) if c.out else 0
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:
-            self._drop(conn)
+            self._drop(c)
             return
-        del out[:sent]
-        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0)
-        self.sel.modify(conn, mask)
+        del c.out[:sent]
+        reads = not c.queued and len(c.out) < self.HIGH_WATER
+        mask = (selectors.EVENT_READ if reads else 0) | (selectors.EVENT_WRITE if c.out else 0)
+        self.sel.modify(c.sock, mask or selectors.EVENT_WRITE, c)  # modify without data would drop it
 
-    def _drop(self, conn: socket.socket) -> None:
-        self.table.drop(conn)
-        self._readers.pop(conn, None)
-        self._out.pop(conn, None)
+    def _drop(self, c: _Conn) -> None:
+        self.table.drop(c)
+        self._conns.discard(c)
         try:
-            self.sel.unregister(conn)
+            self.sel.unregister(c.sock)
         except (KeyError, ValueError):
             pass
-        conn.close()
+        c.sock.close()
 
 
 def _peer(conn: socket.socket) -> str:
