@@ -146,29 +146,26 @@ def test_a_closed_server_releases_its_port_and_ends_its_waits(ours):
 
 
 def test_a_client_that_does_not_read_its_answers_is_not_read_either(ours):
-    """A client that reads none of its answers is served only while the kernel takes them
-    and the server holds less than its high water (plus one answer); then its requests wait
-    unserved and unread, and the others are served. Reading again, it gets every answer,
-    in order."""
+    """For a client that reads none of its answers the server holds at most its high water
+    and one answer (64 MiB asked: without the bound it held what the kernel did not take),
+    and serves the others. Reading again, the client gets every answer, in order. (A
+    receive buffer shrunk below loopback's 64 KiB segments stalled TCP itself: the test
+    keeps the kernel's defaults.)"""
     value = bytes(range(256)) * 2048  # 512 KiB
-    asks = 64  # 32 MiB of answers, past what the kernel's buffers take (the reader's is small)
+    asks = 128  # 64 MiB of answers, past what loopback's buffers take (32 MiB to the reader, 4 to the sender)
     with StoreClient(*ours.address, 30.0) as other:
         other.set("big", value)
+        assert other.get("big") == value  # served before the raw GETs below, which do not wait
         greedy = socket.socket()
-        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # before connect: the window stays small
         greedy.settimeout(30)
         with greedy:
             greedy.connect(ours.address)
             greedy.sendall(hello() + request(Query.GET, b"/big") * asks)
-            deadline = time.monotonic() + 30
-            while ours.held()[1] == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert ours.held()[1] > 0  # the server stopped serving it: its answers wait in the kernel
-            for _ in range(20):  # held there, not growing, while nobody reads
+            for _ in range(30):  # while nobody reads: bounded, and the others served
                 assert ours.held()[0] <= ours.HIGH_WATER + len(value) + 8
                 other.set("k", "v")
                 assert other.get("k") == b"v"
-                time.sleep(0.01)
+                time.sleep(0.05)
             answer = struct.pack("<Q", len(value)) + value
             for _ in range(asks):
                 got = b""
