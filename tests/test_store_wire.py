@@ -147,10 +147,9 @@ def test_a_closed_server_releases_its_port_and_ends_its_waits(ours):
 
 def test_a_client_that_does_not_read_its_answers_is_not_read_either(ours):
     """For a client that reads none of its answers the server holds at most its high water
-    and one answer (64 MiB asked: without the bound it held what the kernel did not take),
-    and serves the others. Reading again, the client gets every answer, in order. (A
-    receive buffer shrunk below loopback's 64 KiB segments stalled TCP itself: the test
-    keeps the kernel's defaults.)"""
+    and one answer (64 MiB asked, past what loopback's buffers take: without the bound it
+    held the rest), and serves the others. Reading again, the client gets every answer,
+    in order."""
     value = bytes(range(256)) * 2048  # 512 KiB
     asks = 128  # 64 MiB of answers, past what loopback's buffers take (32 MiB to the reader, 4 to the sender)
     with StoreClient(*ours.address, 30.0) as other:
