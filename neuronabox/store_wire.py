@@ -248,7 +248,10 @@ class StoreTable:
         elif q == Query.APPEND:
             d[req.keys[0]] = d.get(req.keys[0], b"") + req.values[0]
         elif q == Query.ADD:
-            total = int(d.get(req.keys[0], b"0") or b"0") + req.number
+            try:
+                total = int(d.get(req.keys[0], b"0") or b"0") + req.number
+            except ValueError:
+                raise StoreClosed(f"ADD to {req.keys[0]!r}, whose value is not a number") from None
             d[req.keys[0]] = str(total).encode()
             out.append((conn, struct.pack("<q", total)))
         elif q == Query.COMPARE_SET:
@@ -341,7 +344,11 @@ class StoreServer:
                     if key.data == "accept":
                         self._accept()
                     elif key.data != "wake" and key.data in self._conns:
-                        self._io(key.data, events)
+                        try:
+                            self._io(key.data, events)
+                        except Exception as exc:  # noqa: BLE001  # a fault of ours ends that client, not the store
+                            self.log(f"store: closed a connection from {_peer(key.data.sock)}: {exc!r}")
+                            self._drop(key.data)
         finally:
             for c in list(self._conns):
                 self._drop(c)
@@ -388,7 +395,13 @@ class StoreServer:
                 return
         while True:
             while c.queued and len(c.out) < self.HIGH_WATER:
-                for to, reply in self.table.serve(c, c.queued.popleft()):
+                try:
+                    replies = self.table.serve(c, c.queued.popleft())
+                except StoreClosed as exc:
+                    self.log(f"store: closed a connection from {_peer(c.sock)}: {exc}")
+                    self._drop(c)
+                    return
+                for to, reply in replies:
                     to.out += reply
                     if to is not c:
                         self._flush(to)

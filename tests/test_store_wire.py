@@ -107,8 +107,12 @@ def test_a_request_split_anywhere_reads_the_same():
         (hello() + bytes([99]), "query 99"),
         (hello() + bytes([Query.SET]) + struct.pack("<Q", MAX_FIELD + 1), "a field of"),
         (hello() + request(Query.BARRIER), "BARRIER, which this store does not serve"),
+        (
+            hello() + request(Query.SET, b"/t", b"text") + request(Query.ADD, b"/t", tail=struct.pack("<q", 1)),
+            "not a number",
+        ),
     ],
-    ids=["no hello", "unknown query", "field past the bound", "a query not served"],
+    ids=["no hello", "unknown query", "field past the bound", "a query not served", "ADD to a word"],
 )
 def test_a_connection_that_breaks_the_wire_is_closed_and_named(ours, wire, cause):
     with socket.create_connection(ours.address, timeout=10) as s:
