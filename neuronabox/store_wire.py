@@ -465,7 +465,7 @@ class StoreClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(timeout_s)
         nonce = next(self._nonces) & 0xFFFFFFFF
-        self.sock.sendall(hello() + struct.pack("<BI", Query.PING, nonce))
+        self._send(hello() + struct.pack("<BI", Query.PING, nonce))
         if struct.unpack("<I", self._recv(4))[0] != nonce:
             raise StoreClosed(f"{host}:{port} answered a ping with another number: not a TCPStore")
 
@@ -478,6 +478,14 @@ class StoreClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise StoreTimeout(f"the store took nothing within {self.timeout_s:g} s") from None
+        except ConnectionError as exc:  # reset, or a broken pipe: it is gone
+            raise StoreClosed(f"the store closed the connection ({exc.strerror or exc})") from None
+
     def _recv(self, n: int) -> bytes:
         data = b""
         while len(data) < n:
@@ -485,6 +493,8 @@ class StoreClient:
                 chunk = self.sock.recv(n - len(data))
             except TimeoutError:
                 raise StoreTimeout(f"the store did not answer within {self.timeout_s:g} s") from None
+            except ConnectionError as exc:  # reset: it closed with our request unread
+                raise StoreClosed(f"the store closed the connection ({exc.strerror or exc})") from None
             if not chunk:
                 raise StoreClosed("the store closed the connection")
             data += chunk
@@ -497,16 +507,16 @@ class StoreClient:
         return self._recv(n)
 
     def set(self, key: str, value: str | bytes) -> None:
-        self.sock.sendall(request(Query.SET, user_key(key), as_bytes(value)))
+        self._send(request(Query.SET, user_key(key), as_bytes(value)))
 
     def multi_set(self, keys: Sequence[str], values: Sequence[str | bytes]) -> None:
         body = b"".join(field_bytes(user_key(k)) + field_bytes(as_bytes(v)) for k, v in zip(keys, values, strict=True))
-        self.sock.sendall(bytes([Query.MULTI_SET]) + struct.pack("<Q", len(keys)) + body)
+        self._send(bytes([Query.MULTI_SET]) + struct.pack("<Q", len(keys)) + body)
 
     def get(self, key: str) -> bytes:
         """`key`'s value, once it is set (within the client's timeout)."""
         self.wait([key])
-        self.sock.sendall(request(Query.GET, user_key(key)))
+        self._send(request(Query.GET, user_key(key)))
         return self._field()
 
     def add(self, key: str, delta: int) -> int:
@@ -514,17 +524,17 @@ class StoreClient:
 
     def add_raw(self, key: bytes, delta: int) -> int:
         """ADD on a key as the server holds it (c10d's `init/` has no "/")."""
-        self.sock.sendall(request(Query.ADD, key, tail=struct.pack("<q", delta)))
+        self._send(request(Query.ADD, key, tail=struct.pack("<q", delta)))
         return struct.unpack("<q", self._recv(8))[0]
 
     def check(self, keys: Sequence[str]) -> bool:
-        self.sock.sendall(request(Query.CHECK, keys=[user_key(k) for k in keys]))
+        self._send(request(Query.CHECK, keys=[user_key(k) for k in keys]))
         return self._recv(1) == READY
 
     def wait(self, keys: Sequence[str], timeout_s: float | None = None) -> None:
         """Until every key is set; StoreTimeout after `timeout_s` (the client's by default),
         the wait cancelled on the server first, as torch's client does."""
-        self.sock.sendall(request(Query.WAIT, keys=[user_key(k) for k in keys]))
+        self._send(request(Query.WAIT, keys=[user_key(k) for k in keys]))
         self.sock.settimeout(self.timeout_s if timeout_s is None else timeout_s)
         try:
             answer = self._recv(1)
@@ -536,7 +546,7 @@ class StoreClient:
             return
         if answer is not None:
             raise StoreClosed(f"the store answered a wait with {answer!r}")
-        self.sock.sendall(bytes([Query.CANCEL_WAIT]))
+        self._send(bytes([Query.CANCEL_WAIT]))
         if self._recv(1) == STOP_WAITING:  # set just before the cancel: its answer comes after
             self._recv(1)
         waited = self.timeout_s if timeout_s is None else timeout_s

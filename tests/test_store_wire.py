@@ -177,3 +177,25 @@ def test_a_client_that_does_not_read_its_answers_is_not_read_either(ours):
                     assert chunk, "the server closed the connection"
                     got += chunk
                 assert got == answer
+
+
+def test_a_reset_connection_reads_as_the_store_closing():
+    """A store that resets the connection (it closed with a request unread) is StoreClosed,
+    as an orderly close is, not a bare socket error."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def answer_the_ping_then_reset() -> None:
+            peer, _ = listener.accept()
+            hello_and_ping = b""
+            while len(hello_and_ping) < 10:
+                hello_and_ping += peer.recv(10 - len(hello_and_ping))
+            peer.sendall(hello_and_ping[-4:])  # the nonce back
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            peer.close()  # with linger 0: a reset
+
+        t = threading.Thread(target=answer_the_ping_then_reset)
+        t.start()
+        with StoreClient(*listener.getsockname()[:2], 10.0) as c:
+            t.join(10)
+            with pytest.raises(StoreClosed):
+                c.check(["k"])
