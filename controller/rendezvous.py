@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 
 from neuronabox.store import store_listener
@@ -32,18 +31,6 @@ def group_key(group: str, rank: int) -> str:
     return f"default_pg/0//{group}//cpu//0/{rank}"
 
 
-def await_listener(host: str, port: int, deadline: float, every_s: float = 0.02) -> None:
-    """Until something accepts on host:port (or the deadline). TCPStore's client retries
-    a refused connection itself, but backs off: it connected 0.67 s after the agent's
-    store came up, a cost every run with node 0 real paid before its first worker."""
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host, port), timeout=1.0).close()
-            return
-        except OSError:
-            time.sleep(every_s)
-
-
 def store_client(cfg: ControllerConfig) -> StoreClient:
     """Another connection to the run's store, for a thread of its own."""
     return StoreClient(cfg.master_addr, cfg.master_port, cfg.store_timeout_s)
@@ -55,8 +42,7 @@ def open_store(
     """The run's store: hosted by the real node-0 agent, or by us when node 0 is emulated
     (on `listener`, bound to the run's address only, as TCPStore's own server is not).
     Returns a client of it, and our server if we host it."""
-    if 0 in cfg.real_nodes:
-        await_listener(cfg.master_addr, cfg.master_port, time.monotonic() + cfg.store_timeout_s)
+    if 0 in cfg.real_nodes:  # the client retries a refused connection every 20 ms until the agent listens
         return store_client(cfg), None
     server = StoreServer(listener or store_listener(cfg.master_addr, cfg.master_port), log=log)
     try:

@@ -35,10 +35,12 @@ def ours():
     assert not server.thread.is_alive()
 
 
-def set_later(setter, key: str, after_s: float = 0.2) -> threading.Thread:
-    t = threading.Thread(target=lambda: (time.sleep(after_s), setter(key, "L")))
+def waiting(wait, key: str) -> tuple[threading.Thread, list]:
+    """`wait([key])` in a thread of its own; the list gets "done" once it returned."""
+    done: list = []
+    t = threading.Thread(target=lambda: (wait([key]), done.append("done")))
     t.start()
-    return t
+    return t, done
 
 
 def test_our_client_speaks_to_torchs_server():
@@ -54,9 +56,10 @@ def test_our_client_speaks_to_torchs_server():
             c.wait(["absent"], 0.2)
         c.set("after", "still served")  # the cancelled wait left the connection in step
         assert srv.get("after") == b"still served"
-        t = set_later(srv.set, "late")
-        c.wait(["late"])
-        t.join()
+        t, done = waiting(c.wait, "late")
+        srv.set("late", "L")  # before or after the wait reached the server: either settles it
+        t.join(10)
+        assert done == ["done"]
         assert c.add_raw(b"init/", 1) == 1  # c10d's own key, outside the user keys
 
 
@@ -80,9 +83,14 @@ def test_torchs_client_speaks_to_our_server(ours):
     cl.append("b", "!")
     assert cl.get("b") == b"yy!"
     with StoreClient(host, port, 10.0) as c:
-        t = set_later(c.set, "late")
-        cl.wait(["late"])  # a wait settled by another connection's write
-        t.join()
+        t, done = waiting(cl.wait, "late")
+        deadline = time.monotonic() + 10
+        while not ours.table.waiters and time.monotonic() < deadline:  # the wait is held at the server
+            threading.Event().wait(0.001)
+        assert ours.table.waiters and not done
+        c.set("late", "L")  # a wait settled by another connection's write
+        t.join(10)
+        assert done == ["done"]
     # torch's client counts itself in on c10d's init key when it waits for workers
     dist.TCPStore(host, port, world_size=2, is_master=False, wait_for_workers=True, timeout=timedelta(seconds=10))
     with StoreClient(host, port, 10.0) as c:
@@ -117,10 +125,7 @@ def test_a_request_split_anywhere_reads_the_same():
 def test_a_connection_that_breaks_the_wire_is_closed_and_named(ours, wire, cause):
     with socket.create_connection(ours.address, timeout=10) as s:
         s.sendall(wire)
-        assert s.recv(1) == b""  # closed by the server
-    deadline = time.monotonic() + 10
-    while not ours.logged and time.monotonic() < deadline:
-        time.sleep(0.01)
+        assert s.recv(1) == b""  # closed by the server, which named it first
     assert len(ours.logged) == 1 and cause in ours.logged[0] and "127.0.0.1:" in ours.logged[0], ours.logged
     with StoreClient(*ours.address, 10.0) as c:  # the others are still served
         c.set("k", "v")
@@ -168,7 +173,6 @@ def test_a_client_that_does_not_read_its_answers_is_not_read_either(ours):
                 assert ours.held()[0] <= ours.HIGH_WATER + len(value) + 8
                 other.set("k", "v")
                 assert other.get("k") == b"v"
-                time.sleep(0.05)
             answer = struct.pack("<Q", len(value)) + value
             for _ in range(asks):
                 got = b""
