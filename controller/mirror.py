@@ -75,9 +75,7 @@ def fold(base: bytes | None, block: bytes, times: int, op: str, dtype: str) -> b
         t = _NUMPY[dtype]
         b = np.frombuffer(block, t)
         acc = b.copy() if base is None else np.frombuffer(base, t).copy()
-        fn = lambda a: step(a, b)  # noqa: E731
-        if t is np.bool_ and op in ("SUM", "PRODUCT"):  # torch's bool add is or, its multiply and
-            fn = lambda a: (np.logical_or if op == "SUM" else np.logical_and)(a, b)  # noqa: E731
+        fn = lambda a: step(a, b)  # noqa: E731  # on bool, add is or and multiply and, as torch's
     if base is None:
         times -= 1
     with np.errstate(all="ignore"):  # overflows wrap or go to infinity, as torch's do
@@ -85,4 +83,4 @@ def fold(base: bytes | None, block: bytes, times: int, op: str, dtype: str) -> b
             acc = fn(acc)
     if dtype == "bfloat16":
         return _f32_to_bf16(acc).tobytes()
-    return acc.astype(_NUMPY[dtype], copy=False).tobytes()
+    return acc.tobytes()
