@@ -28,7 +28,7 @@ from neuronabox.limits import read_bounded
 from neuronabox.observer.clock import clock_id
 
 from .config import ControllerConfig
-from .dialects.gloo.driver import GlooDriver, raise_fd_limit
+from .dialects.gloo.driver import GlooDriver, LoopPolls, TurnLog, raise_fd_limit
 from .dialects.gloo.protocol import GLOO
 from .engine import Engine
 from .lifecycle import STALLED, Lifecycle, RunState, StoreLost
@@ -74,7 +74,10 @@ class Controller:
         polls = os.environ.get("NEURONABOX_BUSY_POLL", "1") != "0"  # 0: the loop sleeps (a check)
         spins = os.environ.get("NEURONABOX_SPIN_POLL", "1") != "0"  # 0: it sleeps past the busy window
         busy, spin = (cfg.busy_poll_s, cfg.spin_poll_s if spins else 0.0) if polls else (0.0, 0.0)
-        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, (busy, spin))
+        hold = os.environ.get("NEURONABOX_HOLD_IN_FLIGHT", "1") != "0"  # 0: idle work waits for the window alone
+        self.driver = driver = GlooDriver(self._make_engine, cfg.gloo_host, LoopPolls(busy, spin, hold))
+        if turn_log := os.environ.get("NEURONABOX_TURN_LOG"):  # developer aid: the loop's Python turns, to a file
+            driver.turn_log = TurnLog(turn_log)
         engine = driver.engine
         # Backend nccl: the default group is an NCCL communicator, played in a thread of its
         # own; its collectives reach the recorder in the loop, as Gloo's do. Every rank real

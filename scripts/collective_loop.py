@@ -5,7 +5,9 @@ of compute each, if given; `--lag-us` more for every rank but the first real one
 real rank prints one line, RESULT {kind: {median_s,
 min_s, mean_s}}. `--rusage` adds what the rank's process spent per timed call (getrusage
 around it, all its threads): the median CPU (cpu_s), voluntary context switches (waits,
-vcsw) and page faults (minflt), and the calls' deciles (deciles_s).
+vcsw) and page faults (minflt), and the calls' deciles (deciles_s). `--calls-out FILE`: the
+first real rank writes each timed call's [start, end] there (JSON; perf_counter, which is
+CLOCK_MONOTONIC on Linux, as the controller's turn log is: scripts/bench_loop_turns.py).
 """
 
 import argparse
@@ -27,6 +29,7 @@ p.add_argument("--reps", type=int, default=10)
 p.add_argument("--announce", action="store_true", help="print each timed repetition as it ends")
 p.add_argument("--work-ms", type=float, default=0.0, help="each rank computes this long before each collective")
 p.add_argument("--rusage", action="store_true", help="also the process's CPU, waits and faults per call")
+p.add_argument("--calls-out", help="the first real rank writes each timed call's [start, end] here (JSON)")
 p.add_argument("--lag-us", type=float, default=0.0, help="every rank but the first real one enters each call this late")
 args = p.parse_args()
 dist.init_process_group("gloo")
@@ -43,6 +46,7 @@ ops = {
     "barrier": lambda: dist.barrier(),
 }
 out = {}
+spans: list[tuple[float, float]] = []  # each timed call's (start, end), for --calls-out
 for kind in args.kinds.split(","):
     times, used = [], []
     for i in range(args.warmup + args.reps):
@@ -59,7 +63,9 @@ for kind in args.kinds.split(","):
         t0 = time.perf_counter()
         ops[kind]()
         if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            spans.append((t0, t1))
             if r0 is not None:
                 r1 = resource.getrusage(resource.RUSAGE_SELF)
                 used.append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, r1.ru_nvcsw - r0.ru_nvcsw,
@@ -71,6 +77,9 @@ for kind in args.kinds.split(","):
         for k, name in enumerate(("cpu_s", "vcsw", "minflt")):
             out[kind][name] = statistics.median(u[k] for u in used)
         out[kind]["deciles_s"] = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times
+if dist.get_rank() == real[0] and args.calls_out:
+    with open(args.calls_out, "w") as f:
+        json.dump(spans, f)
 if dist.get_rank() == real[0]:
     print("RESULT " + json.dumps(out), flush=True)
 dist.barrier()

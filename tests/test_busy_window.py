@@ -21,6 +21,7 @@ from neuronabox.controller.groups import Conn, Group
 from neuronabox.schedules.gloo import RealRanks
 
 WINDOW_S = 0.2  # long against a scheduling delay under load: the window is still open when wait begins
+IN_FLIGHT_QUIET_S = 0.001  # the core's kQuietInFlightS: a collective in flight holds idle work off this long
 
 
 def closed_pair_event(core: _native.Core) -> float:
@@ -64,6 +65,40 @@ def test_without_a_window_idle_work_runs_once_nothing_is_ready_and_a_closed_wind
     frames, _ = core.wait(t0 + 0.01, False, WINDOW_S)  # the window is over and nothing is idle work
     assert frames == [] and time.monotonic() >= t0 + 0.01
     assert core.polled() == polled  # it slept to `until`
+
+
+def test_books_in_flight_are_counted_from_begun_to_complete_closed_or_freed():
+    """What holds Python's idle work off: a book made (or started natively) and not yet
+    complete. A closed book, or one freed unclosed, no longer counts."""
+    core = _native.Core(done=lambda owner: None, emit=lambda conn: None)
+    assert core.in_flight() == 0
+    first = _native.Book(core, object(), "allreduce 1", 1, None)
+    second = _native.Book(core, object(), "allreduce 2", 2, None)
+    assert core.in_flight() == 2
+    first.close()
+    first.close()  # once
+    assert core.in_flight() == 1
+    del second  # freed unclosed (a run torn down mid-collective)
+    assert core.in_flight() == 0
+
+
+def test_idle_work_waits_for_a_longer_quiet_while_a_collective_is_in_flight():
+    """A quiet gap inside one collective is the real rank reducing what it received (or a
+    release the model puts later): a Python turn there would hold its next message. With a
+    book in flight the idle turn comes no sooner than IN_FLIGHT_QUIET_S after the last pair
+    event, even with no busy window; once the book closes, the idle turn comes as soon as
+    nothing is ready, as before. A bound the core enforces, which load only pushes out."""
+    core = _native.Core(done=lambda owner: None, emit=lambda conn: None)
+    book = _native.Book(core, object(), "allreduce 1", 1, None)
+    before = closed_pair_event(core)
+    frames, python = core.wait(time.monotonic() + 30, True, 0.0)  # no window: only the book holds it off
+    assert frames == [] and python is False
+    assert time.monotonic() >= before + IN_FLIGHT_QUIET_S
+    book.close()
+    closed_pair_event(core)
+    t0 = time.monotonic()
+    frames, python = core.wait(t0 + 30, True, 0.0)
+    assert frames == [] and python is False and core.polled() == 0.0  # at once: no poll, no sleep to `until`
 
 
 def test_after_the_window_the_loop_spins_with_its_idle_work_done_then_sleeps():

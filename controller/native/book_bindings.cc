@@ -257,6 +257,10 @@ struct CoreObject {
   // pairs, shared with each pair (PairObject::last_tag): a note start's check.
   std::unordered_map<std::string, std::shared_ptr<int64_t>>* scopes;
   bool note_starts;  // a known noted shape starts on its note (note_starts)
+  // Books begun and not complete (nor closed): a collective in flight. Python's idle work
+  // waits for none to be (wait): a gap inside one collective is the real rank's own work
+  // between two of its messages, and a Python turn there makes its next message wait.
+  long in_flight;
 };
 
 struct BookObject {
@@ -270,7 +274,21 @@ struct BookObject {
   bool finished;
   bool posted_ahead;  // started natively after a receive was posted ahead of it (Starter::post_ahead)
   bool on_note;  // started natively as its call's note came, before any of its frames (Core.note)
+  bool in_flight;  // counted in its core's in_flight (begun, not complete nor closed)
 };
+
+// A book begun (made by Python, or started natively): its collective is in flight.
+void book_begun(BookObject* b) {
+  b->in_flight = true;
+  ++b->core->in_flight;
+}
+
+// A book complete, closed or freed: its collective no longer holds Python's idle work off.
+void book_settled(BookObject* b) {
+  if (!b->in_flight) return;
+  b->in_flight = false;
+  --b->core->in_flight;
+}
 
 // A recorded boundary program (book.h's Program), shared by the instances of one shape.
 struct ProgramObject {
@@ -510,6 +528,7 @@ bool apply(BookObject* b, Actions& a) {
   }
   if (a.complete && !b->finished) {
     b->finished = true;
+    book_settled(b);
     b->book->drop_payloads();  // every send is out: the bytes go now, not when Python adopts or closes it
     PyObject* owner = b->owner;
     b->owner = nullptr;
@@ -715,6 +734,8 @@ constexpr int kPythonFirst = 8;  // answers in a row that may serve Python befor
 constexpr double kSpinS = 0.0015;  // epoll sleeps in whole ms: sleep to this close to a timer, then poll
 constexpr int kMaxEvents = 64;
 constexpr size_t kStartedMax = 64;  // books started natively that may wait for a busy loop to adopt them
+constexpr double kQuietInFlightS = 0.001;  // a collective in flight puts idle work off until this quiet
+constexpr double kTurnRoomS = 0.001;  // ...and a native timer due sooner than this (a release) keeps it off
 constexpr size_t kArmsKept = 256;   // notes' arms for instances not started yet (arm)
 constexpr size_t kNotesKnownMax = 1024;  // noted shapes the core acts on itself (know_note); more: told anew
 
@@ -774,7 +795,7 @@ bool serve(CoreObject* self, int fd, uint32_t events, double ready_at, PyObject*
   return ok;
 }
 
-// wait(until, idle=False, busy=0, spin=0) -> ([(conn, events | None)], python): serve the
+// wait(until, idle=False, busy=0, spin=0, hold=True) -> ([(conn, events | None)], python): serve the
 // pair sockets and the native timers until Python has something to do: events no book took
 // (None: the socket closed), its own epoll readable, or `until` (monotonic) reached; and,
 // when Python has idle work (`idle`, or books started natively to adopt), once nothing is
@@ -785,7 +806,19 @@ bool serve(CoreObject* self, int fd, uint32_t events, double ready_at, PyObject*
 // same event): the loop goes on polling, with Python's idle work no longer put off, so the
 // first frame of the next collective, after the real rank's compute, finds it awake (a
 // sleeping loop's wake-up cost 40 us there). Only for a loop with a core of its own (the
-// launcher's placement). kStartedMax started books are adopted at once.
+// launcher's placement).
+//
+// While a collective is in flight (a book begun, not complete), idle work waits longer: a
+// quiet gap inside one collective is the real rank reducing what it received (up to
+// 0.4 ms at 4 MiB), or the wait for a release the model puts shortly after, and a Python
+// turn begun there (0.1-0.4 ms: an adoption, a record) would hold the real rank's next
+// message or the release. It runs in the gaps between collectives (the real rank's
+// compute), or as the last one completes once kStartedMax started books wait (a stream
+// of collectives with no gap); mid-collective only with no native timer due within
+// kTurnRoomS, after the busy window where one is due later (the real rank waits for a
+// release far off: a what-if) and after kQuietInFlightS where none is (a rank stalled),
+// and at once when twice kStartedMax wait. `hold=False` leaves the books in flight out
+// (the busy window alone, kStartedMax adopted at once: a reference).
 int wait_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
   int n;
   Py_BEGIN_ALLOW_THREADS
@@ -817,8 +850,8 @@ int serve_notes(CoreObject* self, int fd, double now, bool read);  // the note l
 PyObject* core_wait(PyObject* obj, PyObject* args) {
   auto* self = reinterpret_cast<CoreObject*>(obj);
   double until, busy = 0.0, spin = 0.0;
-  int idle = 0;
-  if (!PyArg_ParseTuple(args, "d|pdd", &until, &idle, &busy, &spin) || !ensure_epoll(self)) return nullptr;
+  int idle = 0, hold = 1;
+  if (!PyArg_ParseTuple(args, "d|pddp", &until, &idle, &busy, &spin, &hold) || !ensure_epoll(self)) return nullptr;
   PyObject* out = PyList_New(0);
   if (out == nullptr) return nullptr;
   bool python = false;
@@ -836,10 +869,25 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     const bool spinning = polling || now < self->busy_at + spin;
     // Python's idle work: its own, books started natively to adopt, notes read to note down.
     const bool idle_work = idle != 0 || !self->started->empty() || !self->notes_read->empty();
-    const bool idle_due = idle_work && (!polling || self->started->size() >= kStartedMax ||
-                                        self->notes_read->size() >= kStartedMax);
     double next = until;
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
+    const size_t backlog = std::max(self->started->size(), self->notes_read->size());
+    bool idle_due = false;
+    if (idle_work) {
+      if (hold == 0 || self->in_flight == 0) {  // (hold == 0: the reference, the busy window alone)
+        idle_due = !polling || backlog >= kStartedMax;
+      } else if (backlog >= 2 * kStartedMax) {  // a stream with no gap: bounded all the same
+        idle_due = true;
+      } else {
+        // A release the model puts far off (a what-if): the real rank waits for it, and the
+        // idle turn fits in that wait as in a gap between collectives.
+        const bool room = self->heap->empty() || self->heap->front().at >= now + kTurnRoomS;
+        const bool waits = room && !self->heap->empty();
+        const double quiet_until = self->busy_at + (waits ? busy : std::max(busy, kQuietInFlightS));
+        idle_due = now >= quiet_until && room;
+        if (!idle_due && room) next = std::min(next, quiet_until);  // a sleeping loop wakes for it
+      }
+    }
     int n;
     if (spinning && !idle_due) {  // until a socket is ready, a timer is due, or the phase ends
       const double phase = polling && idle_work ? busy : std::max(busy, spin);  // the window's end lets it run
@@ -1209,6 +1257,10 @@ PyObject* core_polled(PyObject* obj, PyObject*) {
   return PyFloat_FromDouble(reinterpret_cast<CoreObject*>(obj)->polled_s);
 }
 
+PyObject* core_in_flight(PyObject* obj, PyObject*) {
+  return PyLong_FromLong(reinterpret_cast<CoreObject*>(obj)->in_flight);
+}
+
 PyObject* core_clear_starters(PyObject* obj, PyObject*) {
   drop_starters(reinterpret_cast<CoreObject*>(obj));
   Py_RETURN_NONE;
@@ -1267,6 +1319,8 @@ PyMethodDef core_methods[] = {
      "call; known: the core started or armed it as Python would."},
     {"polled", core_polled, METH_NOARGS,
      "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
+    {"in_flight", core_in_flight, METH_NOARGS,
+     "in_flight() -> the books begun and not complete nor closed (wait puts Python's idle work off while any are)."},
     {"take_started", core_take_started, METH_NOARGS,
      "take_started() -> [(token, book)] (or ()): the books started natively since the last call (their owner is None)."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
@@ -1275,10 +1329,11 @@ PyMethodDef core_methods[] = {
      "write_wanted(fd) -> bool: frames wait for the watched socket; the loop writes them when it can."},
     {"also", core_also, METH_O, "also(fd): Python's own epoll; wait() returns when it is readable."},
     {"wait", core_wait, METH_VARARGS,
-     "wait(until, idle=False, busy=0.0, spin=0.0) -> ([(conn, events | None)], python): run the pair sockets and native "
+     "wait(until, idle=False, busy=0.0, spin=0.0, hold=True) -> ([(conn, events | None)], python): run the pair sockets and native "
      "timers natively until Python has events, its own epoll is readable, or `until` (monotonic seconds); when "
      "Python has idle work (idle, or books started natively), also once nothing is ready. For `busy` s after a "
-     "pair event or release the loop polls, and idle work waits; for `spin` s it polls, idle work done."},
+     "pair event or release the loop polls, and idle work waits; for `spin` s it polls, idle work done. While a "
+     "book is in flight (`hold`), idle work waits for a gap between collectives, a release far off, or 1 ms quiet."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -1330,6 +1385,7 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   Py_INCREF(owner);
   self->core = reinterpret_cast<CoreObject*>(core);
   self->owner = owner;
+  book_begun(self);
   return 0;
 }
 
@@ -1357,6 +1413,7 @@ void book_dealloc(PyObject* obj) {
     delete self->pairs;
   }
   Py_CLEAR(self->owner);
+  if (self->core != nullptr) book_settled(self);
   Py_XDECREF(reinterpret_cast<PyObject*>(self->core));
   Py_TYPE(obj)->tp_free(obj);
 }
@@ -1876,6 +1933,7 @@ PyObject* book_close(PyObject* obj, PyObject*) {
     if (!self->finished) self->book->drop_payloads();  // a completed book let go of them already (apply)
   }
   self->finished = true;
+  if (self->core != nullptr) book_settled(self);
   Py_CLEAR(self->owner);
   Py_RETURN_NONE;
 }
@@ -2151,6 +2209,7 @@ bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vect
       try {
         Py_INCREF(st.token);
         core->started->emplace_back(st.token, obj);  // the reference tp_alloc gave
+        book_begun(b);
       } catch (const std::bad_alloc&) {
         Py_DECREF(st.token);
         PyErr_NoMemory();

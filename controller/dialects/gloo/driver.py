@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import select
 import socket
 import sys
@@ -32,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ...book import Core
 from ...engine import Engine
@@ -41,6 +43,7 @@ from .wire import SEQ
 
 HANDSHAKE_TIMEOUT_S = 5.0  # a dialer writes its 8-byte sequence number as it connects
 ADOPT_PUT_OFF_MAX = 8  # loop turns in a row that may put adoption off for Python's events (a note)
+TURN_LOG_MAX = 1_000_000  # loop turns a turn log keeps (NEURONABOX_TURN_LOG); later ones are not logged
 
 
 class Poller:
@@ -101,6 +104,56 @@ class Adoption:
             self.put_off += 1
 
 
+class Timers:
+    """The timers Python keeps (`call_at`): a heap of (when, sequence, fn), run in order."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self.heap, (when, next(self.seq), fn))
+
+    def first(self) -> float:
+        return self.heap[0][0] if self.heap else float("inf")
+
+    def run(self, now: float) -> None:
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            heapq.heappop(heap)[2]()
+
+
+class LoopPolls(NamedTuple):
+    """For `busy` s after a pair event the loop polls rather than sleeps and puts its idle
+    work off; for `spin` s it polls on, idle work done: for a controller on a core of its
+    own. `hold`: idle work also waits while a collective is in flight (Core.wait)."""
+
+    busy: float = 0.0
+    spin: float = 0.0
+    hold: bool = True
+
+
+class TurnLog:
+    """The loop's Python turns (began, ended: monotonic s; whether idle work ran), written to
+    a file as the loop ends: a developer aid (NEURONABOX_TURN_LOG), which
+    scripts/bench_loop_turns.py lays against the real rank's calls. At most TURN_LOG_MAX."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.turns: list[tuple[float, float, bool]] = []
+
+    def add(self, began: float, ended: float, idle: bool) -> None:
+        if len(self.turns) < TURN_LOG_MAX:
+            self.turns.append((began, ended, idle))
+
+    def write(self, log: Callable[[str], None]) -> None:
+        try:
+            with open(self.path, "w") as f:
+                json.dump(self.turns, f)
+        except OSError as exc:
+            log(f"neuronabox controller: the turn log {self.path} was not written: {exc}")
+
+
 class _Sock:
     __slots__ = ("sock", "fd", "conn", "seq_needed", "inbuf", "peer", "seq")
 
@@ -122,11 +175,11 @@ class GlooDriver:
     """Runs the loop; other threads talk to it only through `call_soon`."""
 
     def __init__(
-        self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str, polls: tuple[float, float] = (0, 0)
+        self, engine_factory: Callable[[GlooDriver], Engine], listen_host: str, polls: LoopPolls | None = None
     ) -> None:
-        """`polls`: for (busy, spin) seconds after a pair event the loop polls rather than sleeps,
-        putting its idle work off for the first (`Core.wait`): for a controller on a core of its own."""
-        self.busy_poll_s, self.spin_poll_s = polls
+        """`polls`: when the loop polls rather than sleeps, and holds its idle work off (`Core.wait`)."""
+        self.polls = polls or LoopPolls()
+        self.turn_log: TurnLog | None = None  # set: the loop's Python turns are logged (a developer aid)
         self.sel = Poller()
         self.listener = listener(listen_host)
         self.address = self.listener.getsockname()
@@ -161,8 +214,7 @@ class GlooDriver:
         self._next_periodic = 0.0
         self._dirty: list[_Sock] = []
         self._dirty_set: set[_Sock] = set()
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._timer_seq = itertools.count()
+        self._timers = Timers()
 
     def register_extra(self, fileobj: object, handler: Callable[[int], None]) -> None:
         """Serve another socket (the observer link) from the same loop."""
@@ -187,18 +239,12 @@ class GlooDriver:
 
     def call_at(self, when: float, fn: Callable[[], None]) -> None:
         """Run `fn` in the loop at monotonic time `when` (loop thread only)."""
-        heapq.heappush(self._timers, (when, next(self._timer_seq), fn))
-
-    def _run_timers(self) -> None:
-        timers = self._timers
-        now = time.monotonic()
-        while timers and timers[0][0] <= now:
-            heapq.heappop(timers)[2]()
+        self._timers.at(when, fn)
 
     def _until(self) -> float:
         """When the loop must come back to Python: its first timer, or the periodic turn."""
         until = self._next_periodic if self.periodic is not None else time.monotonic() + 0.5
-        return min(until, self._timers[0][0]) if self._timers else until
+        return min(until, self._timers.first())
 
     # -- pairs --------------------------------------------------------------------
     def dial(self, conn: Conn, host: str, port: int, seq: int) -> None:
@@ -280,7 +326,8 @@ class GlooDriver:
         try:
             while self.running:
                 behind = self.idle_work is not None and self.idle_pending()
-                frames, python = self.core.wait(self._until(), behind, self.busy_poll_s, self.spin_poll_s)
+                frames, python = self.core.wait(self._until(), behind, *self.polls)
+                back = time.monotonic() if self.turn_log is not None else 0.0
                 if python:  # first: a call's note starts its instance (observer_link), ahead of its frames
                     for fileobj, data, mask in self.sel.select(0):
                         if data.__class__ is _Sock:  # not a pair yet: its sequence number, or parked
@@ -298,11 +345,12 @@ class GlooDriver:
                 for conn, events in frames:
                     self._frames(conn, events)
                 self._drain_calls()
-                if self._timers:
-                    self._run_timers()
+                self._timers.run(time.monotonic())
                 if self._dirty:
                     self._flush_dirty()
                 now = time.monotonic()
+                if self.turn_log is not None:
+                    self.turn_log.add(back, now, behind and not frames and not python)
                 if self.periodic is not None and now >= self._next_periodic:
                     self._next_periodic = now + 0.5
                     self.periodic()
@@ -310,6 +358,8 @@ class GlooDriver:
             self.error = exc
         finally:
             self.running = False
+            if self.turn_log is not None:
+                self.turn_log.write(self.log)
 
     def _drain_wake(self) -> None:
         try:
