@@ -9,11 +9,13 @@ events before the pairs'."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
 
 from neuronabox.controller import _native
+from neuronabox.controller.dialects.gloo import driver
 from neuronabox.controller.dialects.gloo.driver import ADOPT_PUT_OFF_MAX, Adoption
 from neuronabox.controller.dialects.gloo.protocol import GlooPair
 from neuronabox.controller.groups import Conn, Group
@@ -170,3 +172,18 @@ def test_the_loop_adopts_started_books_before_frames_and_puts_it_off_only_for_py
     assert len(adopted) == 2
     adoption.turn(frames=False, python=True)
     assert len(adopted) == 3  # a stream of notes holds them back a few turns at most
+
+
+def test_the_turn_log_keeps_at_most_its_bound_and_names_a_file_it_cannot_write(tmp_path, monkeypatch):
+    """NEURONABOX_TURN_LOG's log of the loop's Python turns: bounded however long the run,
+    written as one JSON list as the loop ends; a path it cannot write is named in one line,
+    and the run goes on."""
+    monkeypatch.setattr(driver, "TURN_LOG_MAX", 3)
+    log = driver.TurnLog(str(tmp_path / "turns.json"))
+    for k in range(5):
+        log.add(float(k), k + 0.5, k % 2 == 0)
+    log.write(lambda line: None)
+    assert json.loads((tmp_path / "turns.json").read_text()) == [[0.0, 0.5, True], [1.0, 1.5, False], [2.0, 2.5, True]]
+    said: list[str] = []
+    driver.TurnLog(str(tmp_path / "no-such-dir" / "turns.json")).write(said.append)
+    assert len(said) == 1 and "no-such-dir" in said[0]
