@@ -828,6 +828,17 @@ int wait_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
   return n;
 }
 
+// Sleeps in epoll for at least `timeout_s`, in whole ms, never polling: a sleeping loop
+// waits so for idle work held off while a collective is in flight (wait), which may come
+// a little late, where a poll to the moment would spend a core a real rank may share.
+int nap_events(CoreObject* self, struct epoll_event* evs, double timeout_s) {
+  int n;
+  Py_BEGIN_ALLOW_THREADS
+  n = ::epoll_wait(self->ep, evs, kMaxEvents, static_cast<int>(std::ceil(std::min(timeout_s, 0.5) * 1e3)));
+  Py_END_ALLOW_THREADS
+  return n;
+}
+
 // Polls the pair sockets without the GIL until one is ready or `end` (monotonic) comes: a
 // loop that held it through its polls would keep the controller's other threads (a group's
 // setup, the control service, the NCCL relay) from it for up to the interpreter's 5 ms
@@ -873,6 +884,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
     if (!self->heap->empty()) next = std::min(next, self->heap->front().at);
     const size_t backlog = std::max(self->started->size(), self->notes_read->size());
     bool idle_due = false;
+    double idle_at = std::numeric_limits<double>::infinity();  // when held idle work comes due
     if (idle_work) {
       if (hold == 0 || self->in_flight == 0) {  // (hold == 0: the reference, the busy window alone)
         idle_due = !polling || backlog >= kStartedMax;
@@ -885,7 +897,7 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
         const bool waits = room && !self->heap->empty();
         const double quiet_until = self->busy_at + (waits ? busy : std::max(busy, kQuietInFlightS));
         idle_due = now >= quiet_until && room;
-        if (!idle_due && room) next = std::min(next, quiet_until);  // a sleeping loop wakes for it
+        if (!idle_due && room) idle_at = quiet_until;
       }
     }
     int n;
@@ -893,8 +905,10 @@ PyObject* core_wait(PyObject* obj, PyObject* args) {
       const double phase = polling && idle_work ? busy : std::max(busy, spin);  // the window's end lets it run
       const double from = monotonic();  // after this pass's timers, which are work
       double last_empty = from;
-      n = spin_events(self, evs, std::min(next, self->busy_at + phase), &last_empty);
+      n = spin_events(self, evs, std::min({next, idle_at, self->busy_at + phase}), &last_empty);
       self->polled_s += last_empty - from;  // polls that found nothing are no work of the loop's
+    } else if (!idle_due && idle_at < next) {
+      n = nap_events(self, evs, idle_at - now);  // idle work may come a little late; a release may not
     } else {
       n = wait_events(self, evs, idle_due ? 0.0 : next - now);
     }
