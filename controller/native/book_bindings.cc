@@ -257,7 +257,7 @@ struct CoreObject {
   // pairs, shared with each pair (PairObject::last_tag): a note start's check.
   std::unordered_map<std::string, std::shared_ptr<int64_t>>* scopes;
   bool note_starts;  // a known noted shape starts on its note (note_starts)
-  // Books begun and not complete (nor closed): a collective in flight. Python's idle work
+  // Books not finished (complete or closed): a collective in flight. Python's idle work
   // waits for none to be (wait): a gap inside one collective is the real rank's own work
   // between two of its messages, and a Python turn there makes its next message wait.
   long in_flight;
@@ -274,20 +274,15 @@ struct BookObject {
   bool finished;
   bool posted_ahead;  // started natively after a receive was posted ahead of it (Starter::post_ahead)
   bool on_note;  // started natively as its call's note came, before any of its frames (Core.note)
-  bool in_flight;  // counted in its core's in_flight (begun, not complete nor closed)
 };
 
-// A book begun (made by Python, or started natively): its collective is in flight.
-void book_begun(BookObject* b) {
-  b->in_flight = true;
-  ++b->core->in_flight;
-}
-
-// A book complete, closed or freed: its collective no longer holds Python's idle work off.
-void book_settled(BookObject* b) {
-  if (!b->in_flight) return;
-  b->in_flight = false;
-  --b->core->in_flight;
+// Its core's in_flight counts every book with a core that is not `finished` (complete or
+// closed): one more as the core is set, one less as `finished` turns true, or as it is
+// freed unfinished.
+void book_finish(BookObject* b) {
+  if (b->finished) return;
+  b->finished = true;
+  if (b->core != nullptr) --b->core->in_flight;
 }
 
 // A recorded boundary program (book.h's Program), shared by the instances of one shape.
@@ -527,8 +522,7 @@ bool apply(BookObject* b, Actions& a) {
     }
   }
   if (a.complete && !b->finished) {
-    b->finished = true;
-    book_settled(b);
+    book_finish(b);
     b->book->drop_payloads();  // every send is out: the bytes go now, not when Python adopts or closes it
     PyObject* owner = b->owner;
     b->owner = nullptr;
@@ -808,7 +802,7 @@ bool serve(CoreObject* self, int fd, uint32_t events, double ready_at, PyObject*
 // sleeping loop's wake-up cost 40 us there). Only for a loop with a core of its own (the
 // launcher's placement).
 //
-// While a collective is in flight (a book begun, not complete), idle work waits longer: a
+// While a collective is in flight (a book not finished), idle work waits longer: a
 // quiet gap inside one collective is the real rank reducing what it received (up to
 // 0.4 ms at 4 MiB), or the wait for a release the model puts shortly after, and a Python
 // turn begun there (0.1-0.4 ms: an adoption, a record) would hold the real rank's next
@@ -1334,7 +1328,7 @@ PyMethodDef core_methods[] = {
     {"polled", core_polled, METH_NOARGS,
      "polled() -> seconds the loop spent in its busy window's polls that found nothing (its CPU, not its work)."},
     {"in_flight", core_in_flight, METH_NOARGS,
-     "in_flight() -> the books begun and not complete nor closed (wait puts Python's idle work off while any are)."},
+     "in_flight() -> the books not finished, complete nor closed (wait puts Python's idle work off while any are)."},
     {"take_started", core_take_started, METH_NOARGS,
      "take_started() -> [(token, book)] (or ()): the books started natively since the last call (their owner is None)."},
     {"watch", core_watch, METH_VARARGS, "watch(fd, conn, label): the loop reads this pair socket natively."},
@@ -1398,8 +1392,8 @@ int book_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   Py_INCREF(core);
   Py_INCREF(owner);
   self->core = reinterpret_cast<CoreObject*>(core);
+  ++self->core->in_flight;
   self->owner = owner;
-  book_begun(self);
   return 0;
 }
 
@@ -1427,7 +1421,7 @@ void book_dealloc(PyObject* obj) {
     delete self->pairs;
   }
   Py_CLEAR(self->owner);
-  if (self->core != nullptr) book_settled(self);
+  book_finish(self);
   Py_XDECREF(reinterpret_cast<PyObject*>(self->core));
   Py_TYPE(obj)->tp_free(obj);
 }
@@ -1946,8 +1940,7 @@ PyObject* book_close(PyObject* obj, PyObject*) {
     self->book->drop_hooks();
     if (!self->finished) self->book->drop_payloads();  // a completed book let go of them already (apply)
   }
-  self->finished = true;
-  if (self->core != nullptr) book_settled(self);
+  book_finish(self);
   Py_CLEAR(self->owner);
   Py_RETURN_NONE;
 }
@@ -2213,6 +2206,7 @@ bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vect
     }
     Py_INCREF(reinterpret_cast<PyObject*>(core));
     b->core = core;
+    ++core->in_flight;  // freed unfinished if its start fails below
     b->posted_ahead = ahead;
     b->on_note = events.empty();
     Py_INCREF(Py_None);
@@ -2223,7 +2217,6 @@ bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vect
       try {
         Py_INCREF(st.token);
         core->started->emplace_back(st.token, obj);  // the reference tp_alloc gave
-        book_begun(b);
       } catch (const std::bad_alloc&) {
         Py_DECREF(st.token);
         PyErr_NoMemory();

@@ -117,8 +117,12 @@ class Timers:
     def first(self) -> float:
         return self.heap[0][0] if self.heap else float("inf")
 
-    def run(self, now: float) -> None:
+    def run(self) -> None:
+        """The timers due by now (the clock read only when there are any: every loop turn asks)."""
         heap = self.heap
+        if not heap:
+            return
+        now = time.monotonic()
         while heap and heap[0][0] <= now:
             heapq.heappop(heap)[2]()
 
@@ -345,7 +349,7 @@ class GlooDriver:
                 for conn, events in frames:
                     self._frames(conn, events)
                 self._drain_calls()
-                self._timers.run(time.monotonic())
+                self._timers.run()
                 if self._dirty:
                     self._flush_dirty()
                 now = time.monotonic()
