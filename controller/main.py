@@ -157,7 +157,7 @@ class Controller:
         """Made in the driver's constructor, before the components the engine reports to:
         its hooks find them when called."""
         observed = self.cfg.observer
-        return Engine(
+        engine = Engine(
             emit=driver.write,
             dialect=GLOO,
             request_meta=(lambda *question: self.observers.request_meta(*question)) if observed else None,
@@ -172,6 +172,9 @@ class Controller:
             native_start=os.environ.get("NEURONABOX_NATIVE_START", "1") != "0",  # 0: every book from Python (a check)
             note_start=os.environ.get("NEURONABOX_NOTE_START", "1") != "0",  # a noted ring starts as its note comes
         )
+        # A repeating shape's next receives go with an instance's last sends (0: at its note or first frame).
+        engine.core.guess_ahead(os.environ.get("NEURONABOX_GUESS_AHEAD", "1") != "0")
+        return engine
 
     def _stepped(self, rank: int, t: float) -> None:
         """A real rank's optimizer stepped (its observer's report, in the loop)."""

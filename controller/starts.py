@@ -100,6 +100,16 @@ def posts_ahead(kind: str, frames: list[tuple[bool, int]]) -> bool:
     return kind == Kind.ALLGATHER and len(frames) > 1 and frames[0][0]
 
 
+def guesses_ahead(kind: str) -> bool:
+    """Whether a start may post the next instance's first receives once its starter's
+    instances repeat (the core's guesses): then the real rank's first sends go at once from
+    its own thread, as to a real peer that entered first. Not an allgather's: its emulated
+    block mirrors the real one and leaves only once that is in, and the real rank, writing
+    its block first, posts the receive notices that block waits for later (1 MiB, W = 2:
+    `bench_table1.py --no-guesses`, docs/fidelity.md, "Receives posted on a guess")."""
+    return kind != Kind.ALLGATHER
+
+
 def noted_ring(kind: str, schedule: Schedule) -> RingGeometry | None:
     """The geometry a call's note can tell of an allreduce's ring: whole (every segment's
     length known), so that a note of the same world, bytes and element size is this ring."""
@@ -188,7 +198,7 @@ class Starters:
         self.core.add_starter(
             conn, tpl.pairs.index((conn.real, conn.emu)), mask, value, frames, tag_shift, tag_mask,
             head, tail, seen.program, conns, seen.turnarounds, tpl, seen.timeline, seen.entry_delay, seen.drawn, arm,
-            posts_ahead(seen.kind, frames), note,
+            posts_ahead(seen.kind, frames), note, guesses_ahead(seen.kind),
         )  # fmt: skip
         self.keys.add(key)
         self.fixed = self.fixed or (seen.timeline is not None and not seen.drawn)

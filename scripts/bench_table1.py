@@ -18,7 +18,9 @@ of PyTorch's flight recorder, instead of the call telling it (NEURONABOX_SIZE_NO
 --frame-starts starts a ring whose size the call's note told at its first frame rather than
 as the note comes (NEURONABOX_NOTE_START=0), and --python-notes sends the notes over the
 observer link, each a Python turn of the controller's, not on the note link its core reads
-(NEURONABOX_NOTE_LINK=0; docs/fidelity.md, "A note the core reads"). Sizes under 1 KiB are
+(NEURONABOX_NOTE_LINK=0; docs/fidelity.md, "A note the core reads"), and --no-guesses posts
+no repeating shape's receives ahead of its call (NEURONABOX_GUESS_AHEAD=0; docs/fidelity.md,
+"Receives posted on a guess"). Sizes under 1 KiB are
 in bytes (--sizes 28: a training loop's loss, a ring the call's note sizes).
 --realtime runs every real rank of both sides in the real-time class (SCHED_RR 1, as
 `neuronabox torchrun --realtime` does): this VM's tick stalls then leave the medians too.
@@ -29,7 +31,7 @@ launches"), so a cell whose floor is several percent cannot resolve a smaller ov
 --huge-pages transparent|reserved runs every process of both sides with malloc on 2 MiB
 pages, as `validate --huge-pages` does (reserved: from the hugetlb pool, vm.nr_hugepages).
 Usage: python scripts/bench_table1.py [--repeat K] [--sizes 28,1K,1M,...] [--python-starts] [--sleeping-loop]
-       [--recorder-sizes] [--frame-starts] [--python-notes] [--realtime] [--noise-floor]
+       [--recorder-sizes] [--frame-starts] [--python-notes] [--no-guesses] [--realtime] [--noise-floor]
        [--huge-pages transparent|reserved]
 """
 
@@ -128,6 +130,7 @@ REFERENCES = {  # flag -> (column, the environment that turns its part off, or o
     "recorder_sizes": ("sizes asked of the recorder", {"NEURONABOX_SIZE_NOTES": "0"}),
     "frame_starts": ("noted rings at their first frame", {"NEURONABOX_NOTE_START": "0"}),
     "python_notes": ("notes read by Python", {"NEURONABOX_NOTE_LINK": "0"}),
+    "no_guesses": ("no receives on a guess", {"NEURONABOX_GUESS_AHEAD": "0"}),
 }
 
 
@@ -190,6 +193,7 @@ def main() -> None:
         "--frame-starts", action="store_true", help="also run with noted rings started at their first frame"
     )
     ap.add_argument("--python-notes", action="store_true", help="also run with the notes read by Python")
+    ap.add_argument("--no-guesses", action="store_true", help="also run with no receives posted on a guess")
     ap.add_argument("--realtime", action="store_true", help="every real rank, both sides, in the real-time class")
     ap.add_argument("--noise-floor", action="store_true", help="also a second all-real run, against the first")
     ap.add_argument("--huge-pages", choices=sorted(MODES), help="both sides on 2 MiB pages (validate's)")

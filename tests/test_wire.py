@@ -135,3 +135,32 @@ def test_incoming_data_needs_our_receive_and_its_notice():
 def test_bound_buffer_opcode_is_refused():
     with pytest.raises(WireError, match="opcode 0"):
         GlooPair().receive(frame(Opcode.SEND_BUFFER, SLOT, 0))
+
+
+def test_a_guessed_receive_is_one_notice_that_the_next_book_claims_whatever_its_length():
+    """A receive posted on a guess (the core's, for a repeating shape's next instance) goes
+    out as one NOTIFY_RECV_READY; data of any length then takes it (the book checks the
+    length), and the slot's next recv_ready, of any length, sends nothing more."""
+    pair = GlooPair()
+    pair.post_guess(SLOT, 4)
+    assert pair.take() == frame(Opcode.NOTIFY_RECV_READY, SLOT, 4) and pair.guesses == 1
+    events = pair.receive(
+        frame(Opcode.NOTIFY_SEND_READY, SLOT, 6) + frame(Opcode.SEND_UNBOUND_BUFFER, SLOT, 6, b"abcdef")
+    )
+    assert events == [SendReady(SLOT, 6), Data(SLOT, b"abcdef")]  # before the book: a longer block than guessed
+    pair.recv_ready(SLOT, 6)  # the book's own receive, claimed by the guess
+    assert pair.take() == b"" and pair.guesses == 0
+    pair.recv_ready(SLOT, 6)  # a second receive of the slot is a notice of its own
+    assert pair.take() == frame(Opcode.NOTIFY_RECV_READY, SLOT, 6)
+
+
+def test_a_forgotten_guess_takes_no_more_data_and_a_plain_post_ahead_keeps_its_length():
+    pair = GlooPair()
+    pair.post_guess(SLOT, 4)
+    assert pair.forget_guess(SLOT) and not pair.forget_guess(SLOT) and pair.guesses == 0
+    with pytest.raises(WireError, match="without a posted receive"):
+        pair.receive(frame(Opcode.NOTIFY_SEND_READY, SLOT, 4) + frame(Opcode.SEND_UNBOUND_BUFFER, SLOT, 4, b"abcd"))
+    pair = GlooPair()
+    pair.post_guess(SLOT, 4)
+    pair.recv_ready(SLOT, 2)  # claimed: nothing left to forget
+    assert not pair.forget_guess(SLOT)

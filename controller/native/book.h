@@ -191,6 +191,12 @@ class Book {
   int64_t emu_of(size_t pair) const { return pairs_[pair].emu; }
   int64_t boundary() const { return boundary_; }
   int64_t remaining() const { return remaining_; }
+  // Whether every emulated send on `pair` is out: none queued, and no receive of the real
+  // rank's still to come that one would fill.
+  bool sends_out(size_t pair) const {
+    const PairBook& p = pairs_.at(pair);
+    return p.recvs.empty() && p.outq.empty();
+  }
   bool done() const { return remaining_ == 0; }
   double done_at() const { return done_at_; }
   // The payload of a real send that crossed (null: not yet).

@@ -198,6 +198,21 @@ struct Starter {
   // -1: none. Else the shape a call's note may tell (a ring's geometry): a note of it starts
   // the instance as it comes, before any of its frames (Core.note).
   int64_t note;
+  bool guesses = false;  // its next instance's receives may be posted on a guess (Guesses, below)...
+  size_t plan = 0;       // ...as the core's plans[plan] says
+};
+
+// What the core guesses of a starter's next instance (Guesses, below).
+struct AheadPlan {
+  int64_t last_tag = -1;  // its latest instance's tag
+  uint64_t step = 0;      // the tags between its last two instances
+  int streak = 0;         // instances in a row `step` apart
+  int need = 0;           // the streak a guess waits for (0: kGuessStreak), doubled by a wrong guess
+  int64_t guessed = -1;   // the tag its receives were posted for (-1: none)
+  std::vector<std::pair<size_t, uint64_t>> recvs;  // (program pair, length): the receives an instance posts first
+  uint64_t slot = 0;      // its latest instance's slot, whose tag bits are:
+  int tag_shift = 0;
+  uint64_t tag_mask = 0;
 };
 
 // A real rank's note link: its observer writes a line per noted call (note_line.h), which
@@ -230,6 +245,8 @@ struct Pending {
   // in order, whatever comes between).
   std::vector<gloo::Event> data;
   bool ahead = false;  // a receive of this slot was posted ahead
+  bool guess = false;  // ...for an instance not begun, on a guess (Guesses, below), whose tag is:
+  uint64_t tag = 0;
 };
 
 struct CoreObject {
@@ -261,6 +278,9 @@ struct CoreObject {
   // waits for none to be (wait): a gap inside one collective is the real rank's own work
   // between two of its messages, and a Python turn there makes its next message wait.
   long in_flight;
+  std::vector<AheadPlan>* plans;  // by Starter::plan
+  uint64_t plans_gen;  // one more each time the plans are dropped
+  bool guess_ahead;  // a repeating shape's next receives are posted as an instance starts (guess_ahead)
 };
 
 struct BookObject {
@@ -274,6 +294,10 @@ struct BookObject {
   bool finished;
   bool posted_ahead;  // started natively after a receive was posted ahead of it (Starter::post_ahead)
   bool on_note;  // started natively as its call's note came, before any of its frames (Core.note)
+  bool planned;   // started natively by a starter that guesses: its plan is the core's plans[plan]
+  size_t plan;
+  uint64_t plans_gen;  // the core's plans_gen then (the plans are dropped with the starters)
+  uint64_t tag;
 };
 
 // Its core's in_flight counts every book with a core that is not `finished` (complete or
@@ -315,12 +339,14 @@ int core_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
     self->notes_known = new (std::nothrow) std::unordered_map<std::string, NoteKnown>();
     self->notes_read = new (std::nothrow) std::vector<NoteRead>();
     self->scopes = new (std::nothrow) std::unordered_map<std::string, std::shared_ptr<int64_t>>();
+    self->plans = new (std::nothrow) std::vector<AheadPlan>();
     self->ep = -1;
     self->pyfd = -1;
   }
   if (self->heap == nullptr || self->watched == nullptr || self->starters == nullptr || self->started == nullptr ||
       self->pending == nullptr || self->arms == nullptr || self->note_links == nullptr ||
-      self->notes_known == nullptr || self->notes_read == nullptr || self->scopes == nullptr) {
+      self->notes_known == nullptr || self->notes_read == nullptr || self->scopes == nullptr ||
+      self->plans == nullptr) {
     PyErr_NoMemory();
     return -1;
   }
@@ -390,6 +416,8 @@ void drop_pending(CoreObject* self) {
 void drop_starters(CoreObject* self) {
   if (self->arms != nullptr) self->arms->clear();
   if (self->notes_known != nullptr) self->notes_known->clear();  // their ids name starters no more
+  if (self->plans != nullptr) self->plans->clear();
+  ++self->plans_gen;
   if (self->starters == nullptr) return;
   std::vector<Starter> gone = std::move(*self->starters);
   self->starters->clear();
@@ -454,6 +482,7 @@ void core_dealloc(PyObject* obj) {
   delete self->notes_known;
   delete self->notes_read;
   delete self->scopes;
+  delete self->plans;
   if (self->ep >= 0) ::close(self->ep);
   for (PyObject** slot : {&self->done, &self->emit, &self->call_at}) Py_CLEAR(*slot);
   Py_TYPE(obj)->tp_free(obj);
@@ -484,6 +513,8 @@ bool call1(PyObject* fn, PyObject* arg) {
 }
 
 // Carries out what a book call asked for: timers, writes, completion. False: a Python error is set.
+void post_guesses(CoreObject* core, BookObject* b, const std::vector<size_t>& dirty);  // Guesses (below)
+
 bool apply(BookObject* b, Actions& a) {
   CoreObject* core = b->core;
   for (const auto& [when, pair] : a.timers) {
@@ -505,6 +536,7 @@ bool apply(BookObject* b, Actions& a) {
     std::sort(dirty.begin(), dirty.end());
     dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
   }
+  if (b->planned && !b->finished && !dirty.empty()) post_guesses(core, b, dirty);
   for (size_t i : dirty) {
     PairObject* po = (*b->pairs)[i];
     PyObject* conn = (*b->conns)[i];
@@ -993,9 +1025,10 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   long long arm = -1;
   int post_ahead = 0;
   long long note = -1;
-  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pLpL", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
+  int guesses = 0;
+  if (!PyArg_ParseTuple(args, "OnKKO!iKssO!O!pOOd|pLpLp", &conn, &index, &mask, &value, &PyList_Type, &frames_list,
                         &tag_shift, &tag_mask, &head, &tail, &ProgramType, &program, &PyList_Type, &conns, &turnarounds,
-                        &token, &timeline, &entry_delay, &drawn, &arm, &post_ahead, &note)) {
+                        &token, &timeline, &entry_delay, &drawn, &arm, &post_ahead, &note, &guesses)) {
     return nullptr;
   }
   std::vector<std::pair<gloo::EventKind, uint64_t>> frames;
@@ -1057,6 +1090,9 @@ PyObject* core_add_starter(PyObject* obj, PyObject* args) {
   Py_INCREF(token);
   Py_XINCREF(st.timeline);
   po->starts = obj;  // the reference GetAttr gave is the starter's
+  st.guesses = guesses != 0;
+  st.plan = self->plans->size();
+  self->plans->emplace_back();
   self->starters->push_back(std::move(st));
   self->notes_known->clear();  // a noted shape may start or arm this one now: Python tells the core anew
   Py_RETURN_NONE;
@@ -1261,6 +1297,22 @@ int serve_notes(CoreObject* self, int fd, double now, bool read) {
   return urgent;
 }
 
+PyObject* core_set_guess_ahead(PyObject* obj, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  reinterpret_cast<CoreObject*>(obj)->guess_ahead = on != 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* core_guesses(PyObject* obj, PyObject*) {
+  const auto* self = reinterpret_cast<CoreObject*>(obj);
+  long n = 0;
+  if (self->pending != nullptr) {
+    for (const Pending& p : *self->pending) n += p.guess ? 1 : 0;
+  }
+  return PyLong_FromLong(n);
+}
+
 PyObject* core_polled(PyObject* obj, PyObject*) {
   return PyFloat_FromDouble(reinterpret_cast<CoreObject*>(obj)->polled_s);
 }
@@ -1301,7 +1353,8 @@ PyMethodDef core_methods[] = {
      "arm()), starts a book natively: named head + tag + tail, released by "
      "timeline.at(now + entry_delay) (drawn: at(now + entry_delay, tag), the start's own draws; None: untimed), "
      "`program` loaded, `conns` (one per program pair; `index` is "
-     "conn's) connected, then the frame fed. Python adopts it by `token` (take_started)."},
+     "conn's) connected, then the frame fed. Python adopts it by `token` (take_started). `guesses`: a start may "
+     "post the next instance's first receives once the starter's instances repeat (guess_ahead)."},
     {"clear_starters", core_clear_starters, METH_NOARGS,
      "clear_starters(): no native start from now on (and no arm left)."},
     {"arm", core_arm, METH_VARARGS,
@@ -1320,6 +1373,11 @@ PyMethodDef core_methods[] = {
      "know_note(group, kind, numel, dtype, note, arm): a note of this shape read on a note link starts the "
      "starters added with note=`note` (if its tag is the one after its rank's latest collective's), else arms "
      "those added with arm=`arm` (-1: none); forgotten with the starters."},
+    {"guess_ahead", core_set_guess_ahead, METH_O,
+     "guess_ahead(on): whether a starter whose instances repeat at a steady tag step posts its next instance's "
+     "first receives with one's last sends (Guesses, in book_bindings.cc)."},
+    {"guesses", core_guesses, METH_NOARGS, "guesses() -> int: slots whose receives were posted on a guess, not "
+     "yet taken by a book or forgotten."},
     {"note_starts", core_set_note_starts, METH_O,
      "note_starts(on): whether a known noted shape starts as its note is read (else it is only armed)."},
     {"take_notes", core_take_notes, METH_NOARGS,
@@ -1754,8 +1812,10 @@ PyObject* book_load(PyObject* obj, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-// Pair k's connection is open: route its frames here and post its receives. False: a Python error is set.
-bool connect_pair(BookObject* self, size_t k, PyObject* conn) {
+// Pair k's connection is open: route its frames here and post its receives (each one's
+// (slot, length) appended to `journal`, if given). False: a Python error is set.
+bool connect_pair(BookObject* self, size_t k, PyObject* conn,
+                  std::vector<std::pair<uint64_t, uint64_t>>* journal = nullptr) {
   if ((*self->conns)[k] != nullptr) {
     PyErr_Format(PyExc_RuntimeError, "pair %zu of the book is connected already", k);
     return false;
@@ -1776,7 +1836,9 @@ bool connect_pair(BookObject* self, size_t k, PyObject* conn) {
   po->routes->push_back(Route{self->book->slot(), obj, k});
   self->routed = true;
   Py_INCREF(obj);  // the book's own hooks may drop the last other reference
+  po->pair->set_journal(journal);
   const bool ok = run_book(self, [&](Actions& a) { self->book->connect(k, po->pair, a); });
+  po->pair->set_journal(nullptr);
   Py_DECREF(obj);
   return ok;
 }
@@ -2149,6 +2211,136 @@ double unadopted_end(const CoreObject* core) {
   return end;
 }
 
+// -- Guesses ---------------------------------------------------------------------------
+// A real peer that enters a collective before the real rank has its receive notices in by
+// the time the real rank's sends are posted, and Gloo's pair then writes each send from
+// the calling thread. The emulated peer hears of a call only from its note or first
+// frame, after the real rank has posted its sends, so Gloo's read thread writes them a
+// step later (docs/fidelity.md, "The emulated peer never leads"). A repeating shape tells
+// what comes next: the same starter, its tag `step` past the last. Once a starter's
+// instances came kGuessStreak times in a row `step` apart, each of its instances, as it
+// completes, posts the next one's first receives (its own first receives, on the next
+// tag's slot), in the same write as its last frames. Gloo counts a peer's receive notices per slot, with no
+// length (transport/tcp/pair.cc, handleRemotePendingRecv), so a right guess lets the real
+// rank's first sends go at once, and what they carry is held with the slot until its book
+// starts (a Pending, as for Starter::post_ahead). A wrong one leaves a count in the real
+// rank's map and a posted receive in ours: the latter is forgotten once the rank's frames
+// are kGuessAge collectives past it, and the starter waits for twice the streak before
+// it guesses again (at most kGuessStreakMax), so an irregular pattern soon stops guessing.
+constexpr int kGuessStreak = 2;
+constexpr int kGuessStreakMax = 64;
+constexpr uint64_t kGuessStepMax = 64;  // tags between instances a guess spans at most
+constexpr uint64_t kGuessAge = 64;      // collectives past a guess's tag before it is forgotten
+constexpr size_t kGuessesKept = 16;     // unclaimed guesses a pair holds at most
+
+// Forgets the guesses no book took whose tag the real rank's frames passed by kGuessAge.
+void expire_guesses(CoreObject* core) {
+  auto& pend = *core->pending;
+  for (auto it = pend.begin(); it != pend.end();) {
+    const int64_t last = it->pair->last_tag != nullptr ? **it->pair->last_tag : -1;
+    const uint64_t behind = (static_cast<uint64_t>(last) - it->tag) & 0xFFFFFFFFu;
+    if (!it->guess || !it->events.empty() || !it->data.empty() || last < 0 || behind < kGuessAge ||
+        behind >= 0x80000000u) {
+      ++it;
+      continue;
+    }
+    it->pair->pair->forget_guess(it->slot);  // false: a book took it, and only the entry is left
+    Py_DECREF(reinterpret_cast<PyObject*>(it->pair));
+    it = pend.erase(it);
+  }
+}
+
+// Instance `tag` of `st` (first slot `slot`) starts, as book `b`: settles its starter's
+// last guess, and counts the instance into the starter's streak.
+void settle_plan(CoreObject* core, const Starter& st, uint64_t tag, uint64_t slot, BookObject* b) {
+  if (!core->guess_ahead || !st.guesses || core->sink != nullptr || st.plan >= core->plans->size()) return;
+  AheadPlan& p = (*core->plans)[st.plan];
+  if (p.need == 0) p.need = kGuessStreak;
+  if (p.guessed >= 0 && static_cast<uint64_t>(p.guessed) != tag) {  // wrong: guess less readily
+    p.streak = 0;
+    p.need = std::min(2 * p.need, kGuessStreakMax);
+  }
+  p.guessed = -1;
+  if (p.last_tag >= 0) {
+    const uint64_t d = (tag - static_cast<uint64_t>(p.last_tag)) & st.tag_mask;
+    p.streak = d == p.step ? p.streak + 1 : 1;
+    p.step = d;
+  }
+  p.last_tag = static_cast<int64_t>(tag);
+  p.slot = slot;
+  p.tag_shift = st.tag_shift;
+  p.tag_mask = st.tag_mask;
+  b->planned = true;
+  b->plan = st.plan;
+  b->plans_gen = core->plans_gen;
+  b->tag = tag;
+}
+
+// Book `b` has frames queued on the pairs `dirty`, not flushed yet. Once they are its last
+// emulated sends on each pair its next instance receives on (the book has none to come or
+// queued there), and its starter repeats, that instance's first receives go in the same
+// writes: the real rank reads them with data it waits for, not in a wake-up of their own
+// (posted as an instance started, they came in the middle of its call, and small rings read
+// 7-12% slower).
+void post_guesses(CoreObject* core, BookObject* b, const std::vector<size_t>& dirty) {
+  if (!b->planned || b->plans_gen != core->plans_gen || b->plan >= core->plans->size() || !core->guess_ahead) return;
+  AheadPlan& p = (*core->plans)[b->plan];
+  if (p.guessed >= 0 || p.last_tag != static_cast<int64_t>(b->tag) || p.streak < p.need || p.step == 0 ||
+      p.step > kGuessStepMax || p.recvs.empty()) {
+    return;  // (posted already; a later instance of its starter began meanwhile; or no steady step yet)
+  }
+  for (const auto& [k, length] : p.recvs) {
+    if (k >= b->pairs->size() || !b->book->sends_out(k) || std::find(dirty.begin(), dirty.end(), k) == dirty.end()) {
+      return;
+    }
+  }
+  expire_guesses(core);
+  const uint64_t next = (b->tag + p.step) & p.tag_mask;
+  const uint64_t nslot = (p.slot & ~(p.tag_mask << p.tag_shift)) | (next << p.tag_shift);
+  const auto mine = reinterpret_cast<PyObject*>(core);
+  for (const auto& [k, length] : p.recvs) {
+    PairObject* po = (*b->pairs)[k];
+    const bool free = po != nullptr && po->fd >= 0 && po->last_tag != nullptr &&
+                      (po->starts == nullptr || po->starts == mine) && po->pair->guesses() < kGuessesKept &&
+                      std::none_of(po->routes->begin(), po->routes->end(), [&](const Route& r) { return r.slot == nslot; }) &&
+                      std::none_of(core->pending->begin(), core->pending->end(),
+                                   [&](const Pending& q) { return q.pair == po && q.slot == nslot; }) &&
+                      !handed(po, nslot);
+    if (!free) return;  // every pair or none: a book takes the slot's frames on all its pairs
+  }
+  for (size_t i = 0; i < p.recvs.size(); ++i) {
+    const auto& [k, length] = p.recvs[i];
+    PairObject* po = (*b->pairs)[k];
+    const bool first_here = std::none_of(p.recvs.begin(), p.recvs.begin() + static_cast<std::ptrdiff_t>(i),
+                                         [&](const auto& r) { return r.first == k; });
+    if (first_here) {
+      Py_INCREF(reinterpret_cast<PyObject*>(po));
+      core->pending->push_back(Pending{po, nslot, {}, {}, true, true, next});
+      po->starts = mine;  // its frames ask this core, which holds what comes before the book
+    }
+    po->pair->post_guess(nslot, length);
+  }
+  p.guessed = static_cast<int64_t>(next);
+}
+
+// Instance `slot` of `st` connected, posting `first`: those are what its next guess posts,
+// and the slot's guesses left with nothing held are its own now.
+void claim_guesses(CoreObject* core, const Starter& st, uint64_t slot, std::vector<std::pair<size_t, uint64_t>>&& first,
+                   const std::vector<PairObject*>& pairs) {
+  if (st.plan < core->plans->size() && !first.empty()) (*core->plans)[st.plan].recvs = std::move(first);
+  auto& pend = *core->pending;
+  for (auto it = pend.begin(); it != pend.end();) {
+    const bool mine = it->guess && it->slot == slot && it->events.empty() && it->data.empty() &&
+                      std::find(pairs.begin(), pairs.end(), it->pair) != pairs.end();
+    if (!mine) {
+      ++it;
+      continue;
+    }
+    Py_DECREF(reinterpret_cast<PyObject*>(it->pair));
+    it = pend.erase(it);
+  }
+}
+
 // Starts the book of `slot` from `match` and feeds it `events` (its first frames, in order;
 // none where the call's note starts it). False: a Python error is set.
 bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vector<gloo::Event>& events, double now,
@@ -2211,8 +2403,18 @@ bool start_book(CoreObject* core, const Starter& match, uint64_t slot, std::vect
     b->on_note = events.empty();
     Py_INCREF(Py_None);
     b->owner = Py_None;  // until Python adopts it
+    settle_plan(core, st, tag, slot, b);
+    std::vector<std::pair<size_t, uint64_t>> first;  // the receives it posts as it connects
+    std::vector<std::pair<uint64_t, uint64_t>> journal;
     bool ok = load_into(b, st.program);
-    for (size_t k = 0; ok && k < st.conns.size(); ++k) ok = connect_pair(b, k, st.conns[k]);
+    for (size_t k = 0; ok && k < st.conns.size(); ++k) {
+      journal.clear();
+      ok = connect_pair(b, k, st.conns[k], &journal);
+      for (const auto& [s, length] : journal) {
+        if (s == slot) first.emplace_back(k, length);
+      }
+    }
+    if (ok) claim_guesses(core, st, slot, std::move(first), *b->pairs);
     if (ok) {
       try {
         Py_INCREF(st.token);
@@ -2261,11 +2463,16 @@ int start_on_note(CoreObject* core, int64_t note, uint64_t tag, double now, cons
     if (running != 0) return running < 0 ? -1 : 0;
     const int python = python_has(st, slot);
     if (python != 0) return python < 0 ? -1 : 0;
-    const bool held = std::any_of(core->pending->begin(), core->pending->end(),
-                                  [&](const Pending& p) { return p.slot == slot; });
+    bool held = false, guessed = false;
+    for (const Pending& p : *core->pending) {
+      if (p.slot != slot) continue;
+      const bool empty = p.guess && p.events.empty() && p.data.empty();
+      guessed = guessed || empty;
+      held = held || !empty;
+    }
     if (held) return 0;  // its first frames wait for a starter of several: they start it
-    std::vector<gloo::Event> none;
-    return start_book(core, st, slot, none, now, false) ? 1 : -1;
+    std::vector<gloo::Event> none;  // a guess posted its first receives: its book takes them (claim_guesses)
+    return start_book(core, st, slot, none, now, guessed) ? 1 : -1;
   }
   return 0;
 }

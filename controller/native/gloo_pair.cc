@@ -172,9 +172,12 @@ void Pair::send_ready(uint64_t slot, uint64_t length) {
 }
 
 void Pair::recv_ready(uint64_t slot, uint64_t length) {
-  const auto it = std::find(ahead_.begin(), ahead_.end(), std::make_pair(slot, length));
+  if (journal_ != nullptr) journal_->emplace_back(slot, length);
+  const auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) {
+    return a.slot == slot && (a.guess || a.length == length);
+  });
   if (it != ahead_.end()) {  // posted ahead: on the wire, and among our posted receives, already
-    ahead_.erase(it);
+    ahead_.erase(it);  // (a guess's keeps its open bound: the data may be in, and the book checks its length)
     return;
   }
   our_posted_.at(slot).push_back(length);
@@ -182,10 +185,39 @@ void Pair::recv_ready(uint64_t slot, uint64_t length) {
 }
 
 void Pair::post_ahead(uint64_t slot, uint64_t length) {
-  if (ahead_.size() >= kAheadKept) ahead_.erase(ahead_.begin());
+  if (ahead_.size() >= kAheadKept) {  // the oldest post ahead (a guess is the core's to forget)
+    const auto old = std::find_if(ahead_.begin(), ahead_.end(), [](const Ahead& a) { return !a.guess; });
+    if (old != ahead_.end()) ahead_.erase(old);
+  }
   our_posted_.at(slot).push_back(length);
   header(Opcode::kNotifyRecvReady, slot, length, kPreambleSize);
-  ahead_.emplace_back(slot, length);
+  ahead_.push_back({slot, length, false});
+}
+
+void Pair::post_guess(uint64_t slot, uint64_t length) {
+  our_posted_.at(slot).push_back(max_payload_);
+  header(Opcode::kNotifyRecvReady, slot, length, kPreambleSize);
+  ahead_.push_back({slot, length, true});
+}
+
+bool Pair::has_guess(uint64_t slot) const {
+  return std::any_of(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.guess && a.slot == slot; });
+}
+
+bool Pair::forget_guess(uint64_t slot) {
+  const auto it = std::find_if(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.guess && a.slot == slot; });
+  if (it == ahead_.end()) return false;
+  ahead_.erase(it);
+  std::deque<uint64_t>* posted = our_posted_.find(slot);
+  if (posted != nullptr) {
+    const auto mine = std::find(posted->begin(), posted->end(), max_payload_);
+    if (mine != posted->end()) posted->erase(mine);
+  }
+  return true;
+}
+
+size_t Pair::guesses() const {
+  return static_cast<size_t>(std::count_if(ahead_.begin(), ahead_.end(), [](const Ahead& a) { return a.guess; }));
 }
 
 void Pair::data(uint64_t slot, BytesRef payload) {

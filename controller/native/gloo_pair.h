@@ -122,6 +122,21 @@ class Pair final : public Port {
   // waits for the rest of the notices that settle an allgather): that book's recv_ready of
   // the same slot and length then sends nothing, the notice being on the wire already.
   void post_ahead(uint64_t slot, uint64_t length);
+  // A receive posted on a guess: the next instance of a repeating shape will post it (the
+  // core's plan, book_bindings.cc "Guesses"). Gloo's pair counts a peer's receive notices per
+  // slot with no length, so the real rank's send on that slot then goes at once, from its own
+  // thread. Kept with no bound of its own (`max_payload`): a guess right about the slot and
+  // wrong about the length still takes the data, whose length the book then checks. The
+  // next recv_ready of the slot, whatever its length, sends nothing.
+  void post_guess(uint64_t slot, uint64_t length);
+  // Whether a guess of `slot` is still unclaimed (no recv_ready has taken it).
+  bool has_guess(uint64_t slot) const;
+  // Forgets an unclaimed guess of `slot` (its tag long passed, no data came): its posted
+  // receive goes with it. False if there was none.
+  bool forget_guess(uint64_t slot);
+  size_t guesses() const;
+  // recv_ready's (slot, length), each appended here while set: what a book posts as it connects.
+  void set_journal(std::vector<std::pair<uint64_t, uint64_t>>* journal) { journal_ = journal; }
   void data(uint64_t slot, BytesRef payload);
   void send(uint64_t slot, BytesRef payload) override;  // NOTIFY_SEND_READY and the data, as Gloo sends them
   Outbox& outbox() { return outbox_; }
@@ -155,7 +170,12 @@ class Pair final : public Port {
   SlotTable<std::deque<uint64_t>> our_posted_;   // receives we posted
   SlotTable<uint64_t> peer_announced_;           // peer's send notices awaiting data
   static constexpr size_t kAheadKept = 64;       // posts ahead no book claimed (its instance went elsewhere)
-  std::vector<std::pair<uint64_t, uint64_t>> ahead_;  // (slot, length) posted ahead, oldest first
+  struct Ahead {
+    uint64_t slot, length;
+    bool guess;  // post_guess: any length claims it
+  };
+  std::vector<Ahead> ahead_;  // posted ahead, oldest first
+  std::vector<std::pair<uint64_t, uint64_t>>* journal_ = nullptr;
   Outbox outbox_;
 };
 

@@ -364,6 +364,20 @@ PyObject* pair_payload(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   });
 }
 
+PyObject* pair_forget_guess(PyObject* obj, PyObject* arg) {
+  auto* self = reinterpret_cast<PairObject*>(obj);
+  if (!ready(self)) return nullptr;
+  const unsigned long long slot = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return nullptr;
+  return PyBool_FromLong(self->pair->forget_guess(slot));
+}
+
+PyObject* pair_guesses(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<PairObject*>(obj);
+  if (!ready(self)) return nullptr;
+  return PyLong_FromSize_t(self->pair->guesses());
+}
+
 PyObject* pair_pending(PyObject* obj, void*) {
   auto* self = reinterpret_cast<PairObject*>(obj);
   if (!ready(self)) return nullptr;
@@ -383,6 +397,12 @@ PyMethodDef pair_methods[] = {
      METH_FASTCALL, "send_ready(slot, length): queue NOTIFY_SEND_READY."},
     {"recv_ready", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pair_notice<&Pair::recv_ready>)),
      METH_FASTCALL, "recv_ready(slot, length): post a receive and queue NOTIFY_RECV_READY."},
+    {"post_guess", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pair_notice<&Pair::post_guess>)),
+     METH_FASTCALL,
+     "post_guess(slot, length): post a receive for an instance not begun and queue its NOTIFY_RECV_READY; any "
+     "length of data takes it, and the slot's next recv_ready sends nothing."},
+    {"forget_guess", pair_forget_guess, METH_O,
+     "forget_guess(slot) -> bool: drop an unclaimed guess of the slot and its posted receive."},
     {"data", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pair_payload<&Pair::data>)), METH_FASTCALL,
      "data(slot, payload): queue a data frame; refuses what the real side would reject."},
     {"send", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pair_payload<&Pair::send>)), METH_FASTCALL,
@@ -410,6 +430,7 @@ PyGetSetDef pair_getset[] = {
      nullptr},
     {"pending", pair_pending, nullptr, "bytes queued, not yet written", nullptr},
     {"buffered", pair_buffered, nullptr, "bytes held for incomplete incoming frames", nullptr},
+    {"guesses", pair_guesses, nullptr, "receives posted on a guess that no recv_ready has claimed", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
