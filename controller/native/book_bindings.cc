@@ -2232,6 +2232,12 @@ constexpr int kGuessStreakMax = 64;
 constexpr uint64_t kGuessStepMax = 64;  // tags between instances a guess spans at most
 constexpr uint64_t kGuessAge = 64;      // collectives past a guess's tag before it is forgotten
 constexpr size_t kGuessesKept = 16;     // unclaimed guesses a pair holds at most
+// The largest receive a guess posts. A guessed send is written from the real rank's calling
+// thread before it posts its own receive notices, which the emulated sends wait for; a small
+// one takes microseconds, a large one holds them back (W = 2, best repetitions guessed
+// against not: allreduce 1 and 16 KiB 4-7% faster, 256 KiB even, 1 and 4 MiB 7% and 23%
+// slower; docs/fidelity.md, "Receives posted on a guess").
+constexpr uint64_t kGuessBytesMax = 64 * 1024;
 
 // Forgets the guesses no book took whose tag the real rank's frames passed by kGuessAge.
 void expire_guesses(CoreObject* core) {
@@ -2290,7 +2296,8 @@ void post_guesses(CoreObject* core, BookObject* b, const std::vector<size_t>& di
     return;  // (posted already; a later instance of its starter began meanwhile; or no steady step yet)
   }
   for (const auto& [k, length] : p.recvs) {
-    if (k >= b->pairs->size() || !b->book->sends_out(k) || std::find(dirty.begin(), dirty.end(), k) == dirty.end()) {
+    if (k >= b->pairs->size() || length > kGuessBytesMax || !b->book->sends_out(k) ||
+        std::find(dirty.begin(), dirty.end(), k) == dirty.end()) {
       return;
     }
   }

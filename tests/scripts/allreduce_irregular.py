@@ -21,8 +21,8 @@ from checks import expect, passed
 
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 24
-    a = int(sys.argv[2]) if len(sys.argv) > 2 else 33_000
-    b = int(sys.argv[3]) if len(sys.argv) > 3 else 33_001
+    a = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    b = int(sys.argv[3]) if len(sys.argv) > 3 else 3001
     b_kind = sys.argv[4] if len(sys.argv) > 4 else "allreduce"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
