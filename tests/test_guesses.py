@@ -27,7 +27,7 @@ def test_a_repeating_ring_is_guessed_with_the_values_and_instances_of_no_guesses
     """The collectives script repeats its allreduces at a steady step and checks every value;
     with guesses the allreduces after the first few start from receives posted ahead, and the
     trace has the instances of a run with none (NEURONABOX_GUESS_AHEAD=0)."""
-    argv = ("--nnodes", "2", str(SCRIPTS / "collectives.py"), "--repeat", "8", "--sizes", "7,8000",
+    argv = ("--nnodes", "2", str(SCRIPTS / "collectives.py"), "--repeat", "12", "--sizes", "7,8000",
             "--dtypes", "float32")  # fmt: skip
     guessed = traced(tmp_path, "guessed", {}, *argv)
     plain = traced(tmp_path, "plain", {"NEURONABOX_GUESS_AHEAD": "0"}, *argv)
@@ -42,16 +42,15 @@ def test_a_repeating_ring_is_guessed_with_the_values_and_instances_of_no_guesses
 def test_wrong_guesses_of_a_ring_of_another_length_keep_every_value(tmp_path):
     """A's guess lands on B's instance (the same kind, the same slot, another length): B's
     book takes that receive, the real rank's data of B's length goes to it, and every value
-    holds. B's own steady step is guessed right."""
-    for a, b in ((3000, 3001), (7, 9)):
-        instances = traced(tmp_path, f"irregular-{a}", {}, "--nnodes", "2", str(SCRIPTS / "allreduce_irregular.py"),
-                           "30", str(a), str(b))  # fmt: skip
-        allreduces = [i for i in instances if i["kind"] == "allreduce"]
-        assert sorted(Counter(i["nbytes"] for i in allreduces).values()) == [10, 30], allreduces
-        sizes = Counter(i["nbytes"] for i in allreduces)
-        b_bytes = min(sizes, key=sizes.__getitem__)  # B's ring (its padded length: the trace's)
-        ahead = Counter(i["nbytes"] for i in allreduces if i.get("posted_ahead"))
-        assert ahead[b_bytes] >= 5, ahead  # B every third step: guessed from its fourth instance on
+    holds. B's own steady step is guessed right. (A noted ring's wrong guess: the next test.)"""
+    instances = traced(tmp_path, "irregular", {}, "--nnodes", "2", str(SCRIPTS / "allreduce_irregular.py"), "30",
+                       "3000", "3001")  # fmt: skip
+    allreduces = [i for i in instances if i["kind"] == "allreduce"]
+    sizes = Counter(i["nbytes"] for i in allreduces)
+    assert sorted(sizes.values()) == [10, 30], allreduces
+    b_bytes = min(sizes, key=sizes.__getitem__)  # B's ring (its padded length: the trace's)
+    ahead = Counter(i["nbytes"] for i in allreduces if i.get("posted_ahead"))
+    assert ahead[b_bytes] >= 3, ahead  # B every third step: guessed from its fifth instance on (6 of 10)
 
 
 def test_a_wrong_guess_on_another_kinds_tag_is_forgotten_and_every_value_holds(tmp_path):

@@ -343,6 +343,7 @@ void Book::send(PendingSend& s, double now, Actions& out) {
                                      std::to_string(s.nbytes) + "-byte receive", s.step));
   }
   p.port->send(slot_, std::move(payload));
+  ++p.sent;
   out.dirty.push_back(s.pair);
   if (time_turnarounds_) last_write_[p.real] = now;
   crossed(p.real, now, out);

@@ -191,11 +191,11 @@ class Book {
   int64_t emu_of(size_t pair) const { return pairs_[pair].emu; }
   int64_t boundary() const { return boundary_; }
   int64_t remaining() const { return remaining_; }
-  // Whether every emulated send on `pair` is out: none queued, and no receive of the real
-  // rank's still to come that one would fill.
+  // Whether the emulated sends on `pair` are all out, and there were some: none queued, no
+  // receive of the real rank's still to come that one would fill.
   bool sends_out(size_t pair) const {
     const PairBook& p = pairs_.at(pair);
-    return p.recvs.empty() && p.outq.empty();
+    return p.sent > 0 && p.recvs.empty() && p.outq.empty();
   }
   bool done() const { return remaining_ == 0; }
   double done_at() const { return done_at_; }
@@ -257,6 +257,7 @@ class Book {
     std::deque<const Program::Op*> recv_ops;      // beside `recvs`: their deps and contents
     int64_t last_send = -1, last_recv = -1;       // steps, for the error text
     std::deque<PendingSend*> outq;                // the emulated sends, in posting order (in `made_`)
+    int64_t sent = 0;                             // emulated sends written
   };
 
   std::string where(const PairBook& p, const std::string& what, int64_t step = -1) const;
