@@ -2218,10 +2218,10 @@ double unadopted_end(const CoreObject* core) {
 // frame, after the real rank has posted its sends, so Gloo's read thread writes them a
 // step later (docs/fidelity.md, "The emulated peer never leads"). A repeating shape tells
 // what comes next: the same starter, its tag `step` past the last. Once a starter's
-// instances came kGuessStreak times in a row `step` apart, each of its instances, as it
-// completes, posts the next one's first receives (its own first receives, on the next
-// tag's slot), in the same write as its last frames. Gloo counts a peer's receive notices per slot, with no
-// length (transport/tcp/pair.cc, handleRemotePendingRecv), so a right guess lets the real
+// instances came kGuessStreak times in a row `step` apart, each of its instances posts the
+// next one's first receives (its own first receives, on the next tag's slot) in the write
+// of its last emulated sends (post_guesses). Gloo counts a peer's receive notices per slot,
+// with no length (transport/tcp/pair.cc, handleRemotePendingRecv), so a right guess lets the real
 // rank's first sends go at once, and what they carry is held with the slot until its book
 // starts (a Pending, as for Starter::post_ahead). A wrong one leaves a count in the real
 // rank's map and a posted receive in ours: the latter is forgotten once the rank's frames
@@ -2286,8 +2286,8 @@ void settle_plan(CoreObject* core, const Starter& st, uint64_t tag, uint64_t slo
 // emulated sends on each pair its next instance receives on (the book has none to come or
 // queued there), and its starter repeats, that instance's first receives go in the same
 // writes: the real rank reads them with data it waits for, not in a wake-up of their own
-// (posted as an instance started, they came in the middle of its call, and small rings read
-// 7-12% slower).
+// (posted as an instance started, they came in the middle of its call, and 28-byte and 256
+// KiB rings read 7-28% slower than with no guesses).
 void post_guesses(CoreObject* core, BookObject* b, const std::vector<size_t>& dirty) {
   if (!b->planned || b->plans_gen != core->plans_gen || b->plan >= core->plans->size() || !core->guess_ahead) return;
   AheadPlan& p = (*core->plans)[b->plan];
