@@ -1304,15 +1304,6 @@ PyObject* core_set_guess_ahead(PyObject* obj, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
-PyObject* core_guesses(PyObject* obj, PyObject*) {
-  const auto* self = reinterpret_cast<CoreObject*>(obj);
-  long n = 0;
-  if (self->pending != nullptr) {
-    for (const Pending& p : *self->pending) n += p.guess ? 1 : 0;
-  }
-  return PyLong_FromLong(n);
-}
-
 PyObject* core_polled(PyObject* obj, PyObject*) {
   return PyFloat_FromDouble(reinterpret_cast<CoreObject*>(obj)->polled_s);
 }
@@ -1376,8 +1367,6 @@ PyMethodDef core_methods[] = {
     {"guess_ahead", core_set_guess_ahead, METH_O,
      "guess_ahead(on): whether a starter whose instances repeat at a steady tag step posts its next instance's "
      "first receives with one's last sends (Guesses, in book_bindings.cc)."},
-    {"guesses", core_guesses, METH_NOARGS, "guesses() -> int: slots whose receives were posted on a guess, not "
-     "yet taken by a book or forgotten."},
     {"note_starts", core_set_note_starts, METH_O,
      "note_starts(on): whether a known noted shape starts as its note is read (else it is only armed)."},
     {"take_notes", core_take_notes, METH_NOARGS,
